@@ -1,0 +1,207 @@
+"""Benchmarks for AR generation (`make bench`): tokens/s and ms per step for the embedded model and
+GPT-B-size random weights, the overhead of sampling/caching/bookkeeping over the bare model forward
+(measured side by side in one run), and the cost curve of one forward that verifies n tokens at once,
+which the speculative decoders plan with. Writes JSON + markdown. Timings are never asserted here.
+
+    python -m lantern_core.bench --out bench/results                          # CPU, fp32
+    python -m lantern_core.bench --device cuda --dtype bfloat16 --profile cuda  # GPU check, < 5 min
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .conditioning import Condition, build_prefix
+from .config import GPTConfig, SamplingConfig, gpt_preset
+from .embedded import EMBEDDED_GPT, EMBEDDED_NAME
+from .generate import generate
+from .models.gpt import ForwardStep, LlamaGenGPT
+from .models.kv_cache import attention_mask
+from .sampling import make_generators
+
+log = logging.getLogger("lantern_core.bench")
+VERIFY_SIZES = (1, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class ARRow:
+    model: str
+    batch: int
+    rows: int  # batch x 2 with CFG
+    tokens: int
+    gen_ms_per_step: float
+    bare_ms_per_step: float
+    overhead_pct: float
+    tokens_per_s: float
+    repeats: int
+
+
+@dataclass
+class VerifyRow:
+    model: str
+    n_tokens: int
+    context: int
+    ms: float
+    ms_per_token: float
+    relative_to_n1: float
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def bare_forward_ms(model: LlamaGenGPT, rows: int, n_tokens: int) -> float:
+    """ms per step of the same forwards `generate` runs (prefill + decode, static cache), nothing else."""
+    device = model.tok_embeddings.weight.device
+    c = model.config
+    labels = torch.zeros(rows, dtype=torch.long, device=device)
+    _sync(device)
+    start = time.perf_counter()
+    prefix = model.embed_condition(labels) if c.model_type == "c2i" else None
+    assert prefix is not None, "bench uses class-conditional models"
+    T = prefix.shape[1]
+    cache = model.allocate_cache(rows, T + n_tokens)
+    positions = torch.arange(T, device=device)
+    key_valid = torch.ones(rows, cache.max_len, dtype=torch.bool, device=device)
+    model.logits(model(prefix, ForwardStep(positions, cache, T, attention_mask(key_valid, positions, T)))[:, -1])
+    fed = torch.zeros(rows, 1, dtype=torch.long, device=device)
+    for i in range(1, n_tokens):
+        pos = T + i - 1
+        model.logits(model(model.embed_tokens(fed), ForwardStep(positions.new_tensor([pos]), cache, pos + 1))[:, -1])
+    _sync(device)
+    return 1000.0 * (time.perf_counter() - start) / n_tokens
+
+
+def bench_ar(model: LlamaGenGPT, name: str, batch: int, cfg_scale: float, repeats: int) -> ARRow:
+    device = model.tok_embeddings.weight.device
+    n = model.config.num_image_tokens
+    sampling = SamplingConfig(cfg_scale=cfg_scale, temperature=1.0, top_k=0)
+    rows = batch * (2 if sampling.uses_cfg else 1)
+    condition = Condition.classes([i % model.config.num_classes for i in range(batch)], device=device)
+    generate(model, condition, sampling, make_generators(0, batch, device))  # warm-up
+    bare_forward_ms(model, rows, n)
+    gen, bare = [], []
+    for r in range(repeats):  # interleaved, so drift affects both sides alike
+        result = generate(model, condition, sampling, make_generators(r, batch, device))
+        gen.append(result.stats.ms_per_step)
+        bare.append(bare_forward_ms(model, rows, n))
+    g, b = statistics.median(gen), statistics.median(bare)
+    return ARRow(name, batch, rows, n, round(g, 3), round(b, 3), round(100.0 * (g / b - 1.0), 2),
+                 round(1000.0 * batch / g, 2), repeats)
+
+
+@torch.no_grad()
+def bench_verify(model: LlamaGenGPT, name: str, rows: int, repeats: int) -> list[VerifyRow]:
+    """Time one forward over n new tokens at a mid-image context (the speculative verify step)."""
+    device = model.tok_embeddings.weight.device
+    c = model.config
+    context = c.cls_token_num + c.num_image_tokens // 2
+    cache = model.allocate_cache(rows, context + max(VERIFY_SIZES))
+    key_valid = torch.ones(rows, cache.max_len, dtype=torch.bool, device=device)
+    out = []
+    for n in VERIFY_SIZES:
+        slots = torch.arange(context, context + n, device=device)
+        h = model.embed_tokens(torch.zeros(rows, n, dtype=torch.long, device=device))
+        step = ForwardStep(slots, cache, context + n, attention_mask(key_valid, slots, context + n))
+        model.logits(model(h, step))  # warm-up
+        times = []
+        for _ in range(repeats):
+            _sync(device)
+            start = time.perf_counter()
+            model.logits(model(h, step))
+            _sync(device)
+            times.append(1000.0 * (time.perf_counter() - start))
+        out.append(statistics.median(times))
+    return [VerifyRow(name, n, context, round(ms, 3), round(ms / n, 3), round(ms / out[0], 3))
+            for n, ms in zip(VERIFY_SIZES, out)]
+
+
+def random_model(config: GPTConfig, device, dtype) -> LlamaGenGPT:
+    with torch.device("meta"):
+        model = LlamaGenGPT(config)
+    model = model.to_empty(device=device)
+    model.rope_table = model._build_rope().to(device)
+    model.init_weights(torch.Generator(device=device).manual_seed(0))
+    return model.to(dtype=dtype).eval()
+
+
+PROFILES = {
+    # name: list of (label, config or None for embedded, batches, AR repeats, verify repeats)
+    "cpu": [("embedded", None, (1, 4), 3, 5), ("GPT-B c2i 256px (random)", gpt_preset("GPT-B", "c2i", 256), (1, 4), 1, 3)],
+    "cuda": [("embedded", None, (1, 4), 3, 10), ("GPT-B c2i 256px (random)", gpt_preset("GPT-B", "c2i", 256), (1, 4), 2, 10),
+             ("GPT-XL c2i 384px (random)", gpt_preset("GPT-XL", "c2i", 384), (1, 4), 1, 10)],
+}
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# AR benchmark ({report['device']}, {report['dtype']})", "",
+             f"{report['machine']}; torch {report['torch']}, {report['threads']} threads; "
+             f"cfg {report['cfg_scale']}, temperature 1.0; {report['date']}", "",
+             "## AR generation vs the bare model forward (same run, interleaved, medians)", "",
+             "| model | batch | rows | tokens | ms/step (generate) | ms/step (bare forward) | overhead | tokens/s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in report["ar"]:
+        lines.append(f"| {r['model']} | {r['batch']} | {r['rows']} | {r['tokens']} | {r['gen_ms_per_step']:.2f} | "
+                     f"{r['bare_ms_per_step']:.2f} | {r['overhead_pct']:+.1f}% | {r['tokens_per_s']:.1f} |")
+    lines += ["", "## One forward verifying n tokens (rows = 2 for CFG, mid-image context)", "",
+              "| model | n | context | ms | ms/token | cost vs n=1 |", "|---|---|---|---|---|---|"]
+    for r in report["verify"]:
+        lines.append(f"| {r['model']} | {r['n_tokens']} | {r['context']} | {r['ms']:.2f} | {r['ms_per_token']:.3f} | "
+                     f"{r['relative_to_n1']:.2f}x |")
+    worst = max(r["overhead_pct"] for r in report["ar"])
+    lines += ["", f"Goal: sampling, caching and bookkeeping add at most 10% to the bare forward. "
+                  f"Worst overhead in this run: {worst:+.1f}% ({'met' if worst <= 10 else 'NOT met'})."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description="AR generation benchmark")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--profile", default=None, choices=sorted(PROFILES), help="default: by device type")
+    parser.add_argument("--cfg", type=float, default=4.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    profile = args.profile or ("cuda" if device.type == "cuda" else "cpu")
+    from .checkpoints import load_gpt
+
+    ar_rows, verify_rows = [], []
+    for label, config, batches, ar_repeats, verify_repeats in PROFILES[profile]:
+        if config is None:
+            model, label = load_gpt(EMBEDDED_GPT, device=device, dtype=dtype).model, EMBEDDED_NAME
+        else:
+            model = random_model(config, device, dtype)
+        for batch in batches:
+            row = bench_ar(model, label, batch, args.cfg, ar_repeats)
+            log.info("%s", row)
+            ar_rows.append(asdict(row))
+        for row in bench_verify(model, label, rows=2, repeats=verify_repeats):
+            verify_rows.append(asdict(row))
+        del model
+    report = {"device": str(device), "dtype": args.dtype, "torch": torch.__version__,
+              "threads": torch.get_num_threads(), "cfg_scale": args.cfg,
+              "machine": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+              "date": time.strftime("%Y-%m-%d %H:%M"), "ar": ar_rows, "verify": verify_rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"ar_{device.type}_{args.dtype}"
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    (args.out / f"{stem}.md").write_text(markdown(report))
+    log.info("wrote %s", args.out / f"{stem}.md")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""Loading LlamaGen GPTs and VQ tokenizers strictly, from every published layout.
+
+Supported: LlamaGen `.pt` training checkpoints ("model" / "ema" / "module" / "state_dict" wrappers,
+with or without `args`), bare (FSDP-consolidated) state dicts, `.safetensors` (ours carry their
+config in metadata), and the HF-converted LlamaForCausalLM folders of LANTERN's LlamaGen-T2I
+(config.json + model.safetensors, optionally sharded). Shapes, size, type and grid are inferred from
+the weights and whatever config travels with them. Any missing, unexpected or mis-shaped key is a
+`CheckpointError`; nothing is loaded leniently.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .checkpoint_io import RawCheckpoint, read_checkpoint
+from .config import GPT_PRESETS, HEADS_BY_DIM, GPTConfig, VQConfig
+from .errors import CheckpointError, ConfigError
+from .models.gpt import LlamaGenGPT
+from .models.vq import VQModel
+
+log = logging.getLogger(__name__)
+
+GPT_FIX = ("choose a LlamaGen GPT checkpoint (e.g. c2i_B_256.pt, t2i_XL_stage1_256.pt, or a LlamaGen-T2I "
+           "folder with config.json + model.safetensors)")
+VQ_FIX = "choose a LlamaGen VQ tokenizer (vq_ds16_c2i.pt, vq_ds16_t2i.pt or vq_ds8_c2i.pt)"
+
+
+@dataclass
+class LoadedGPT:
+    model: LlamaGenGPT
+    config: GPTConfig
+    source_format: str  # e.g. "llamagen-pt[model]", "safetensors", "hf-llama"
+    class_names: list[str] | None = None
+    notes: list[str] = field(default_factory=list)  # inferences the user may want to know about
+
+
+@dataclass
+class LoadedVQ:
+    model: VQModel
+    config: VQConfig
+    source_format: str
+
+
+def detect_kind(tensors: dict[str, torch.Tensor]) -> str:
+    """'gpt', 'hf-llama', 'vq', 'drafter' or 'unknown', from characteristic key names."""
+    keys = tensors.keys()
+    if "tok_embeddings.weight" in keys and any(k.endswith("attention.wqkv.weight") for k in keys):
+        return "gpt"
+    if "model.embed_tokens.weight" in keys and any(k.endswith("self_attn.q_proj.weight") for k in keys):
+        return "hf-llama"
+    if "quantize.embedding.weight" in keys and "encoder.conv_in.weight" in keys:
+        return "vq"
+    if "fc.weight" in keys and any(k.startswith("layers.0.self_attn.") for k in keys):
+        return "drafter"
+    return "unknown"
+
+
+KIND_DESCRIPTIONS = {
+    "gpt": "a LlamaGen GPT (tok_embeddings, layers.N.attention.wqkv)",
+    "hf-llama": "an HF LlamaForCausalLM port of LlamaGen (model.embed_tokens, self_attn.q_proj)",
+    "vq": "a VQ tokenizer (encoder, quantize.embedding)",
+    "drafter": "a speculative-decoding drafter (fc, layers.0.self_attn)",
+}
+
+
+def _describe(kind: str, tensors: dict[str, torch.Tensor]) -> str:
+    if kind in KIND_DESCRIPTIONS:
+        return KIND_DESCRIPTIONS[kind]
+    return f"an unrecognised state dict (first keys: {sorted(tensors)[:5]})"
+
+
+def strip_prefixes(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Remove a wrapper prefix shared by every key (`module.` from DDP, `_orig_mod.` from torch.compile)."""
+    for prefix in ("module.", "_orig_mod."):
+        if tensors and all(k.startswith(prefix) for k in tensors):
+            tensors = {k[len(prefix):]: v for k, v in tensors.items()}
+    return tensors
+
+
+# ----------------------------------------------------------------------------------------- HF layout
+
+HF_LAYER_MAP = {
+    "self_attn.o_proj.weight": "attention.wo.weight",
+    "mlp.gate_proj.weight": "feed_forward.w1.weight",
+    "mlp.up_proj.weight": "feed_forward.w3.weight",
+    "mlp.down_proj.weight": "feed_forward.w2.weight",
+    "input_layernorm.weight": "attention_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+}
+
+
+def hf_to_llamagen(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Map LANTERN's HF LlamaForCausalLM keys onto LlamaGen names; q/k/v are fused into wqkv [q; k; v]."""
+    out: dict[str, torch.Tensor] = {}
+    qkv: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", key)
+        if m:
+            layer, rest = int(m.group(1)), m.group(2)
+            part = re.fullmatch(r"self_attn\.([qkv])_proj\.weight", rest)
+            if part:
+                qkv.setdefault(layer, {})[part.group(1)] = value
+            elif rest in HF_LAYER_MAP:
+                out[f"layers.{layer}.{HF_LAYER_MAP[rest]}"] = value
+            else:
+                out[key] = value  # reported as unexpected by the strict check
+        elif key == "model.embed_tokens.weight":
+            out["tok_embeddings.weight"] = value
+        elif key == "model.norm.weight":
+            out["norm.weight"] = value
+        elif key == "lm_head.weight":
+            out["output.weight"] = value
+        elif key.startswith("model.cls_embedding."):
+            out[key[len("model."):]] = value
+        else:
+            out[key] = value
+    for layer, parts in qkv.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise CheckpointError(path, f"q_proj, k_proj and v_proj in layer {layer}",
+                                  f"only {sorted(parts)}", "the checkpoint is incomplete: download it again")
+        out[f"layers.{layer}.attention.wqkv.weight"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+    return out
+
+
+def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """config.json + model.safetensors (or a sharded index) from an HF-style folder."""
+    config_path = folder / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(config_path, "a readable JSON config", f"an unreadable file ({exc})",
+                              "re-download config.json for this model") from exc
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / s for s in shards]
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    elif (folder / "pytorch_model.bin").is_file():
+        files = [folder / "pytorch_model.bin"]
+    else:
+        raise CheckpointError(folder, "model.safetensors (or a sharded index, or pytorch_model.bin) beside config.json",
+                              f"only {sorted(p.name for p in folder.iterdir())[:10]}",
+                              "download the weights file into this folder")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(read_checkpoint(f).tensors)
+    return tensors, config
+
+
+# ------------------------------------------------------------------------------------ GPT inference
+
+SIZE_IN_NAME = re.compile(r"(?:^|[_\-.])(\d{2,4})(?:[_\-.]|$)")  # c2i_L_384, t2i_XL_stage2_512
+
+
+def _infer_grid(path: Path, raw_meta: dict, args: dict, hf_config: dict, notes: list[str]) -> int:
+    if "grid_size" in raw_meta.get("config", {}):
+        return int(raw_meta["config"]["grid_size"])
+    if hf_config.get("block_size"):
+        side = int(round(hf_config["block_size"] ** 0.5))
+        if side * side == hf_config["block_size"]:
+            return side
+    if args.get("image_size"):
+        return int(args["image_size"]) // int(args.get("downsample_size", 16))
+    sizes = [int(s) for s in SIZE_IN_NAME.findall(path.stem) if int(s) % 16 == 0 and 64 <= int(s) <= 2048]
+    if sizes:
+        grid = sizes[-1] // 16
+        notes.append(f"image size {sizes[-1]} px ({grid}x{grid} tokens) read from the file name")
+        return grid
+    notes.append("no image size in the file: assuming 256 px (16x16 tokens); pass grid_size to override")
+    return 16
+
+
+def _infer_heads(dim: int, args: dict, hf_config: dict, notes: list[str]) -> int:
+    if hf_config.get("num_attention_heads"):
+        return int(hf_config["num_attention_heads"])
+    name = args.get("gpt_model")
+    if name in GPT_PRESETS:
+        return GPT_PRESETS[name][1]
+    if dim in HEADS_BY_DIM:
+        return HEADS_BY_DIM[dim]
+    heads = max(1, dim // 64)
+    notes.append(f"dim {dim} matches no published size: assuming head_dim 64 ({heads} heads)")
+    return heads
+
+
+def infer_gpt_config(path: Path, sd: dict[str, torch.Tensor], raw_meta: dict, args: dict,
+                     hf_config: dict, notes: list[str]) -> GPTConfig:
+    """Build the GPTConfig implied by LlamaGen-named tensors plus any stored config."""
+    if "config" in raw_meta:  # our own safetensors: the config is authoritative, shapes are checked later
+        return GPTConfig(**raw_meta["config"])
+    vocab, dim = sd["tok_embeddings.weight"].shape
+    n_layer = len({int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k))})
+    n_head = _infer_heads(dim, args, hf_config, notes)
+    head_dim = dim // n_head
+    qkv_rows = sd["layers.0.attention.wqkv.weight"].shape[0]
+    n_kv_head = (qkv_rows - dim) // (2 * head_dim)
+    common = dict(dim=dim, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, vocab_size=vocab,
+                  ffn_dim=sd["layers.0.feed_forward.w1.weight"].shape[0],
+                  grid_size=_infer_grid(path, raw_meta, args, hf_config, notes),
+                  rope_base=float(hf_config.get("rope_base", args.get("rope_base", 10000.0))),
+                  norm_eps=float(hf_config.get("rms_norm_eps", args.get("norm_eps", 1e-5))))
+    if "cls_embedding.embedding_table.weight" in sd:
+        classes = sd["cls_embedding.embedding_table.weight"].shape[0] - 1
+        return GPTConfig(model_type="c2i", num_classes=classes, cls_token_num=1, **common)
+    if "cls_embedding.cap_proj.fc1.weight" in sd:
+        caption_dim = sd["cls_embedding.cap_proj.fc1.weight"].shape[1]
+        cls_tokens = sd["cls_embedding.uncond_embedding"].shape[0] if "cls_embedding.uncond_embedding" in sd \
+            else int(hf_config.get("cls_token_num", 120))
+        return GPTConfig(model_type="t2i", caption_dim=caption_dim, cls_token_num=cls_tokens, **common)
+    raise CheckpointError(path, "a class embedder (cls_embedding.embedding_table) or caption embedder "
+                          "(cls_embedding.cap_proj)", "neither", GPT_FIX)
+
+
+def load_state_strict(module: torch.nn.Module, sd: dict[str, torch.Tensor], path: Path, fix: str,
+                      assign: bool = False) -> None:
+    """load_state_dict(strict=True) with an error that lists missing / unexpected / mis-shaped keys."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(sd))
+    unexpected = sorted(set(sd) - set(expected))
+    shapes = [f"{k}: expected {tuple(expected[k].shape)}, found {tuple(sd[k].shape)}"
+              for k in sorted(set(expected) & set(sd)) if expected[k].shape != sd[k].shape]
+    if missing or unexpected or shapes:
+        found = []
+        if missing:
+            found.append(f"{len(missing)} missing keys (e.g. {missing[:3]})")
+        if unexpected:
+            found.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[:3]})")
+        if shapes:
+            found.append(f"{len(shapes)} wrong shapes (e.g. {shapes[:2]})")
+        raise CheckpointError(path, f"exactly the {len(expected)} tensors of {type(module).__name__}",
+                              "; ".join(found), fix)
+    module.load_state_dict(sd, strict=True, assign=assign)
+
+
+def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.device | str = "cpu",
+             dtype: torch.dtype = torch.float32) -> LoadedGPT:
+    """Load a LlamaGen GPT from a file or an HF folder, inferring its config. Raises CheckpointError."""
+    path = Path(path)
+    notes: list[str] = []
+    hf_config: dict = {}
+    if path.is_dir():
+        tensors, hf_config = read_hf_folder(path)
+        raw = RawCheckpoint(path, tensors)
+    else:
+        raw = read_checkpoint(path)
+    tensors = strip_prefixes(raw.tensors)
+    kind = detect_kind(tensors)
+    if kind == "hf-llama":
+        tensors = hf_to_llamagen(path, tensors)
+        source = "hf-llama"
+    elif kind == "gpt":
+        source = "safetensors" if path.suffix == ".safetensors" else f"llamagen-pt[{raw.wrapper or 'bare'}]"
+    else:
+        raise CheckpointError(path, "a LlamaGen GPT (tok_embeddings.weight, layers.N.attention.wqkv.weight)",
+                              _describe(kind, tensors), GPT_FIX)
+    if raw.metadata and raw.metadata.get("kind") not in (None, "gpt"):
+        raise CheckpointError(path, "a GPT file", f"a file marked '{raw.metadata.get('kind')}'", GPT_FIX)
+    try:
+        config = infer_gpt_config(path, tensors, raw.metadata, raw.args, hf_config, notes)
+        if grid_size is not None:
+            config = config.with_grid(grid_size)
+    except ConfigError as exc:
+        raise CheckpointError(path, "a consistent GPT configuration", str(exc), GPT_FIX) from exc
+    if config.model_type == "t2i" and "cls_embedding.uncond_embedding" not in tensors and kind == "hf-llama":
+        raise CheckpointError(path, "the saved buffer cls_embedding.uncond_embedding", "no such tensor",
+                              "this checkpoint lacks the unconditional caption embedding; re-download it")
+    with torch.device("meta"):  # no throw-away random init of billions of parameters
+        model = LlamaGenGPT(config)
+    load_state_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()},
+                      path, GPT_FIX, assign=True)
+    model.rope_table = model._build_rope()
+    for note in notes:
+        log.info("%s: %s", path.name, note)
+    model = model.to(device=device, dtype=dtype).eval()
+    return LoadedGPT(model, config, source, raw.metadata.get("class_names"), notes)
+
+
+# ------------------------------------------------------------------------------------- VQ inference
+
+def infer_vq_config(path: Path, sd: dict[str, torch.Tensor], raw_meta: dict) -> VQConfig:
+    if "config" in raw_meta:
+        return VQConfig(**raw_meta["config"])
+    size, embed_dim = sd["quantize.embedding.weight"].shape
+    ch = sd["encoder.conv_in.weight"].shape[0]
+    levels = len({int(m.group(1)) for k in sd if (m := re.match(r"encoder\.conv_blocks\.(\d+)\.", k))})
+    enc_mult = tuple(sd[f"encoder.conv_blocks.{i}.res.0.conv2.weight"].shape[0] // ch for i in range(levels))
+    dec_mult = tuple(sd[f"decoder.conv_blocks.{levels - 1 - i}.res.0.conv2.weight"].shape[0] // ch
+                     for i in range(levels))
+    n_res = len({int(m.group(1)) for k in sd if (m := re.match(r"encoder\.conv_blocks\.0\.res\.(\d+)\.", k))})
+    return VQConfig(codebook_size=size, codebook_embed_dim=embed_dim, codebook_l2_norm=True,
+                    codebook_show_usage="quantize.codebook_used" in sd, ch=ch, encoder_ch_mult=enc_mult,
+                    decoder_ch_mult=dec_mult, z_channels=sd["encoder.conv_out.weight"].shape[0],
+                    num_res_blocks=n_res)
+
+
+def load_vq(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedVQ:
+    """Load a LlamaGen VQ tokenizer (VQ-16 / VQ-8 layouts, any width), strictly. Raises CheckpointError."""
+    path = Path(path)
+    raw = read_checkpoint(path)
+    tensors = strip_prefixes(raw.tensors)
+    kind = detect_kind(tensors)
+    if kind != "vq":
+        raise CheckpointError(path, "a VQ tokenizer (encoder.*, decoder.*, quantize.embedding.weight)",
+                              _describe(kind, tensors), VQ_FIX)
+    try:
+        config = infer_vq_config(path, tensors, raw.metadata)
+    except (KeyError, ConfigError) as exc:
+        raise CheckpointError(path, "a complete VQ tokenizer", f"an inconsistent layout ({exc})", VQ_FIX) from exc
+    model = VQModel(config)
+    load_state_strict(model, {k: v.float() for k, v in tensors.items()}, path, VQ_FIX)
+    source = "safetensors" if path.suffix == ".safetensors" else f"llamagen-pt[{raw.wrapper or 'bare'}]"
+    return LoadedVQ(model.to(device=device, dtype=dtype).eval(), config, source)

@@ -1,0 +1,104 @@
+"""Command line: `python -m lantern_core generate ...` writes PNGs and prints stats.
+
+Works with the embedded default (no arguments) and with real LlamaGen checkpoints given by path
+(`--gpt c2i_B_256.pt --vq vq_ds16_c2i.pt`, or a t2i model plus `--t5 folder --prompt ...`).
+Devices and dtypes are chosen here, by the user, never inside the library.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+from .conditioning import Condition
+from .config import SamplingConfig
+from .embedded import EMBEDDED_GPT, EMBEDDED_VQ, Pipeline
+from .errors import LanternError
+from .generate import generate
+from .images import save_png, to_unit_range
+from .sampling import make_generators
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lantern_core")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate images and print stats")
+    g.add_argument("--gpt", type=Path, default=EMBEDDED_GPT, help="GPT checkpoint file or HF folder (default: embedded)")
+    g.add_argument("--vq", type=Path, default=None, help="VQ tokenizer file (default: embedded with the embedded GPT)")
+    g.add_argument("--t5", type=Path, default=None, help="Flan-T5-XL folder (t2i models)")
+    g.add_argument("--prompt", action="append", default=[], help="caption (t2i); repeat for a batch")
+    g.add_argument("--cls", action="append", default=[], help="class name or index (c2i); repeat for a batch")
+    g.add_argument("--batch", type=int, default=1, help="samples per class/prompt")
+    g.add_argument("--grid-size", type=int, default=None, help="override the token grid side")
+    g.add_argument("--cfg", type=float, default=3.0)
+    g.add_argument("--cfg-interval", type=int, default=-1)
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
+    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
+    g.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    g.add_argument("--out", type=Path, default=Path("outputs"), help="folder for the PNGs")
+    g.add_argument("--json", action="store_true", help="print stats as JSON")
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> dict:
+    from .checkpoints import load_gpt, load_vq
+
+    dtype = DTYPES[args.dtype]
+    device = torch.device(args.device)
+    gpt = load_gpt(args.gpt, grid_size=args.grid_size, device=device, dtype=dtype)
+    vq_path = args.vq or (EMBEDDED_VQ if Path(args.gpt).resolve() == EMBEDDED_GPT else None)
+    if vq_path is None:
+        raise LanternError("--vq is required with a non-embedded GPT: pass the VQ tokenizer file "
+                           "(vq_ds16_c2i.pt for c2i, vq_ds16_t2i.pt for t2i)")
+    pipe = Pipeline(gpt, load_vq(vq_path, device=device, dtype=dtype))
+    if gpt.config.model_type == "t2i":
+        if args.t5 is None or not args.prompt:
+            raise LanternError("this is a text-to-image model: pass --t5 FOLDER and at least one --prompt")
+        from .text_encoder import T5CaptionEncoder
+
+        encoder = T5CaptionEncoder(args.t5, device=device, dtype=torch.float32 if dtype == torch.float32 else torch.bfloat16)
+        prompts = [p for p in args.prompt for _ in range(args.batch)]
+        condition = encoder.encode(prompts)
+        labels_text = prompts
+    else:
+        classes = args.cls or ["0"]
+        labels = [pipe.class_index(c) for c in classes for _ in range(args.batch)]
+        condition = Condition.classes(labels, device=device)
+        names = gpt.class_names or []
+        labels_text = [names[i] if i < len(names) else str(i) for i in labels]
+    sampling = SamplingConfig(cfg_scale=args.cfg, cfg_interval=args.cfg_interval, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p)
+    result = generate(gpt.model, condition, sampling, make_generators(args.seed, condition.batch, device))
+    with torch.no_grad():
+        images = to_unit_range(pipe.vq.model.decode(result.tokens))
+    paths = [args.out / f"lantern_{args.seed + i:05d}.png" for i in range(condition.batch)]
+    save_png(images, paths)
+    return {"images": [str(p) for p in paths], "conditions": labels_text, "stats": result.stats.to_dict(),
+            "summary": result.stats.summary(), "model": str(args.gpt), "notes": gpt.notes}
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        report = run_generate(args)
+    except LanternError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for path, cond in zip(report["images"], report["conditions"]):
+            print(f"wrote {path}  ({cond})")
+        print(report["summary"])
+    return 0

@@ -1,0 +1,197 @@
+"""Configuration dataclasses: GPT architecture (with the published LlamaGen presets), VQ tokenizer
+architecture, and sampling knobs.
+
+Architecture configs describe shapes only (no training-only fields); they are frozen and validated.
+This module does not build modules or read files.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+from .errors import ConfigError
+
+ModelType = Literal["c2i", "t2i"]
+
+
+def find_multiple(n: int, k: int) -> int:
+    """Smallest multiple of k that is >= n."""
+    return n if n % k == 0 else n + k - (n % k)
+
+
+def llamagen_ffn_dim(dim: int, multiple_of: int = 256) -> int:
+    """LlamaGen's SwiGLU width: int(2 * 4 * dim / 3) rounded up to a multiple of `multiple_of`."""
+    return find_multiple(int(2 * 4 * dim / 3), multiple_of)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a LlamaGen-architecture GPT.
+
+    `grid_size` is the side of the square token grid the model generates (16 for 256 px with VQ-16);
+    `cls_token_num` is the conditioning prefix length (1 for c2i, 120 for t2i).
+    """
+
+    dim: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_kv_head: int | None = None
+    ffn_dim: int | None = None
+    vocab_size: int = 16384
+    model_type: ModelType = "c2i"
+    num_classes: int = 1000
+    caption_dim: int = 2048
+    cls_token_num: int = 1
+    grid_size: int = 16
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.n_kv_head is None:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.ffn_dim is None:
+            object.__setattr__(self, "ffn_dim", llamagen_ffn_dim(self.dim))
+        for name in ("dim", "n_layer", "n_head", "vocab_size", "cls_token_num", "grid_size", "ffn_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"GPTConfig.{name}", "a positive integer", value)
+        if self.model_type not in ("c2i", "t2i"):
+            raise ConfigError("GPTConfig.model_type", "'c2i' or 't2i'", self.model_type)
+        if self.dim % self.n_head:
+            raise ConfigError("GPTConfig.n_head", f"a divisor of dim={self.dim}", self.n_head)
+        if self.n_head % self.n_kv_head:
+            raise ConfigError("GPTConfig.n_kv_head", f"a divisor of n_head={self.n_head}", self.n_kv_head)
+        if self.head_dim % 4:
+            raise ConfigError("GPTConfig.n_head", "dim / n_head divisible by 4 (2-D RoPE)", self.head_dim)
+        if self.model_type == "c2i" and self.num_classes <= 0:
+            raise ConfigError("GPTConfig.num_classes", "a positive integer for c2i", self.num_classes)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid_size * self.grid_size
+
+    @property
+    def max_seq_len(self) -> int:
+        """Prefix plus every image token (the last one is never fed back, but caches keep the slot)."""
+        return self.cls_token_num + self.num_image_tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def with_grid(self, grid_size: int) -> "GPTConfig":
+        return replace(self, grid_size=grid_size)
+
+
+# Published LlamaGen sizes (autoregressive/models/gpt.py): name -> (n_layer, n_head, dim).
+GPT_PRESETS: dict[str, tuple[int, int, int]] = {
+    "GPT-B": (12, 12, 768),
+    "GPT-L": (24, 16, 1024),
+    "GPT-XL": (36, 20, 1280),
+    "GPT-XXL": (48, 24, 1536),
+    "GPT-XXXL": (48, 40, 2560),
+    "GPT-1B": (22, 32, 2048),
+    "GPT-3B": (24, 32, 3200),
+    "GPT-7B": (32, 32, 4096),
+}
+
+# dim -> n_head for every published size, used to infer heads from weights (head_dim is not stored).
+HEADS_BY_DIM: dict[int, int] = {dim: heads for (_, heads, dim) in GPT_PRESETS.values()}
+
+
+def gpt_preset(name: str, model_type: ModelType = "c2i", image_size: int = 256,
+               downsample: int = 16, **overrides) -> GPTConfig:
+    """A published LlamaGen config, e.g. gpt_preset("GPT-XL", "t2i", 512)."""
+    if name not in GPT_PRESETS:
+        raise ConfigError("preset", f"one of {sorted(GPT_PRESETS)}", name)
+    n_layer, n_head, dim = GPT_PRESETS[name]
+    base = dict(
+        dim=dim, n_layer=n_layer, n_head=n_head, model_type=model_type,
+        cls_token_num=1 if model_type == "c2i" else 120, grid_size=image_size // downsample,
+    )
+    base.update(overrides)
+    return GPTConfig(**base)
+
+
+@dataclass(frozen=True)
+class VQConfig:
+    """Shape of a LlamaGen VQ tokenizer (VQ-16: 5 levels; VQ-8: 4 levels)."""
+
+    codebook_size: int = 16384
+    codebook_embed_dim: int = 8
+    codebook_l2_norm: bool = True
+    codebook_show_usage: bool = True
+    ch: int = 128
+    encoder_ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
+    decoder_ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
+    z_channels: int = 256
+    num_res_blocks: int = 2
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "encoder_ch_mult", tuple(self.encoder_ch_mult))
+        object.__setattr__(self, "decoder_ch_mult", tuple(self.decoder_ch_mult))
+        for name in ("codebook_size", "codebook_embed_dim", "ch", "z_channels", "num_res_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"VQConfig.{name}", "a positive integer", value)
+        if len(self.encoder_ch_mult) != len(self.decoder_ch_mult):
+            raise ConfigError("VQConfig.decoder_ch_mult", "as many levels as encoder_ch_mult",
+                              self.decoder_ch_mult)
+        if self.ch % 32 or self.z_channels % 32:
+            raise ConfigError("VQConfig.ch", "a multiple of 32 (GroupNorm with 32 groups)", self.ch)
+
+    @property
+    def downsample(self) -> int:
+        return 2 ** (len(self.encoder_ch_mult) - 1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+VQ_PRESETS: dict[str, VQConfig] = {
+    "VQ-16": VQConfig(),
+    "VQ-8": VQConfig(encoder_ch_mult=(1, 2, 2, 4), decoder_ch_mult=(1, 2, 2, 4)),
+}
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How one image is sampled. temperature 0 means greedy (argmax); top_k 0 / top_p 1.0 disable filters.
+
+    `cfg_interval` < 0 keeps guidance on for every token; otherwise, as in LlamaGen's sampler, image
+    tokens 0 .. cfg_interval + 1 are guided and later ones use the conditional logits alone.
+    """
+
+    cfg_scale: float = 4.0
+    cfg_interval: int = -1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.cfg_scale) or self.cfg_scale < 0:
+            raise ConfigError("cfg_scale", "a finite number >= 0 (1.0 disables guidance)", self.cfg_scale)
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError("temperature", "a finite number >= 0 (0 = greedy)", self.temperature)
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError("top_k", "an integer >= 0 (0 disables top-k)", self.top_k)
+        if not (0.0 < self.top_p <= 1.0):
+            raise ConfigError("top_p", "a number in (0, 1] (1.0 disables top-p)", self.top_p)
+        if not isinstance(self.cfg_interval, int):
+            raise ConfigError("cfg_interval", "an integer (-1 = always)", self.cfg_interval)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+    def cfg_active(self, step: int) -> bool:
+        """Whether guidance applies when sampling image token number `step` (0-based)."""
+        return self.uses_cfg and (self.cfg_interval < 0 or step <= self.cfg_interval + 1)

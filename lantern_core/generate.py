@@ -1,0 +1,115 @@
+"""Plain autoregressive generation with a static KV cache (the baseline every speculative decoder
+is measured against).
+
+One entry point, `generate`, returns tokens plus stats. CFG runs as [cond; uncond] rows in one
+batch; the cache is preallocated for prefix + image tokens; sampling randomness comes only from the
+caller's generators. Device and dtype are the model's; this module never picks them. Decoding tokens
+to pixels is the VQ tokenizer's job.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from .conditioning import Condition, build_prefix
+from .config import SamplingConfig
+from .models.gpt import ForwardStep, LlamaGenGPT
+from .models.kv_cache import attention_mask
+from .sampling import Generators, combine_cfg, pick_tokens
+
+StepCallback = Callable[[int, int], None]  # (tokens done, total tokens)
+
+
+@dataclass
+class GenerationStats:
+    batch: int
+    image_tokens: int  # per sample
+    forward_passes: int
+    wall_time_s: float
+    prefill_time_s: float
+    kv_cache_bytes: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch * self.image_tokens / max(self.wall_time_s, 1e-9)
+
+    @property
+    def ms_per_step(self) -> float:
+        return 1000.0 * self.wall_time_s / max(self.forward_passes, 1)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.image_tokens / max(self.forward_passes, 1)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(tokens_per_s=self.tokens_per_s, ms_per_step=self.ms_per_step,
+                   mean_accepted_length=self.mean_accepted_length)
+        return out
+
+    def summary(self) -> str:
+        return (f"{self.batch}x{self.image_tokens} tokens in {self.wall_time_s:.2f} s "
+                f"({self.tokens_per_s:.1f} tok/s, {self.forward_passes} forward passes, "
+                f"{self.ms_per_step:.1f} ms/step, mean accepted length {self.mean_accepted_length:.2f})")
+
+
+@dataclass
+class GenerationResult:
+    tokens: torch.Tensor  # (B, N) long, raster order
+    stats: GenerationStats
+
+
+def _logits_for_step(logits: torch.Tensor, sampling: SamplingConfig, guided: bool, step: int) -> torch.Tensor:
+    if not guided:
+        return logits
+    if sampling.cfg_active(step):
+        return combine_cfg(logits, sampling.cfg_scale)
+    return logits.chunk(2, dim=0)[0]
+
+
+@torch.no_grad()
+def generate(model: LlamaGenGPT, condition: Condition, sampling: SamplingConfig,
+             generator: Generators = None, on_step: StepCallback | None = None) -> GenerationResult:
+    """Sample `condition.batch` images' tokens autoregressively. Returns tokens (B, N) and stats."""
+    config = model.config
+    guided = sampling.uses_cfg
+    n_tokens = config.num_image_tokens
+    start = time.perf_counter()
+    prefix = build_prefix(model, condition, guided)
+    rows, T = prefix.key_valid.shape
+    device = prefix.embeddings.device
+    cache = model.allocate_cache(rows, T + n_tokens)
+    key_valid = torch.ones(rows, cache.max_len, dtype=torch.bool, device=device)
+    key_valid[:, :T] = prefix.key_valid
+
+    positions = torch.arange(T, device=device)
+    prefill = ForwardStep(positions, cache, kv_len=T, mask=attention_mask(key_valid, positions, T))
+    hidden = model(prefix.embeddings, prefill)
+    logits = model.logits(hidden[:, -1])  # (rows, V)
+    tokens = torch.empty(condition.batch, n_tokens, dtype=torch.long, device=device)
+    tokens[:, 0] = pick_tokens(_logits_for_step(logits, sampling, guided, 0), sampling, generator)
+    prefill_time = time.perf_counter() - start
+    if on_step is not None:
+        on_step(1, n_tokens)
+
+    decode_mask = key_valid[:, None, None, :] if prefix.padded else None  # (rows, 1, 1, S_max)
+    for i in range(1, n_tokens):
+        pos = T + i - 1  # slot of the token fed now (image token i - 1)
+        fed = tokens[:, i - 1 : i]
+        fed = torch.cat([fed, fed]) if guided else fed  # (rows, 1)
+        step = ForwardStep(positions.new_tensor([pos]), cache, kv_len=pos + 1,
+                           mask=None if decode_mask is None else decode_mask[..., : pos + 1])
+        logits = model.logits(model(model.embed_tokens(fed), step)[:, -1])
+        tokens[:, i] = pick_tokens(_logits_for_step(logits, sampling, guided, i), sampling, generator)
+        if on_step is not None:
+            on_step(i + 1, n_tokens)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    stats = GenerationStats(batch=condition.batch, image_tokens=n_tokens, forward_passes=n_tokens,
+                            wall_time_s=time.perf_counter() - start, prefill_time_s=prefill_time,
+                            kv_cache_bytes=cache.nbytes)
+    return GenerationResult(tokens, stats)

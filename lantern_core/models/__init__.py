@@ -1,0 +1,1 @@
+"""Model definitions: the LlamaGen GPT, the VQ tokenizer, RoPE tables and the static KV cache."""

@@ -1,0 +1,63 @@
+"""Static, preallocated key/value cache shared by every model and decoder.
+
+One pair of tensors of shape (n_layer, B, n_kv_head, max_len, head_dim) allocated once per run;
+forward passes write new keys/values at explicit slots and attend over a prefix view. Compaction
+(copying an accepted speculative path into place) also lives here. It does not decide what is valid:
+masks come from `attention_mask`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    keys: torch.Tensor  # (L, B, H_kv, S_max, D)
+    values: torch.Tensor  # (L, B, H_kv, S_max, D)
+
+    @classmethod
+    def allocate(cls, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
+                 device: torch.device | str, dtype: torch.dtype) -> "KVCache":
+        shape = (n_layer, batch, n_kv_head, max_len, head_dim)
+        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+
+    @property
+    def max_len(self) -> int:
+        return self.keys.shape[3]
+
+    @property
+    def batch(self) -> int:
+        return self.keys.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.numel() * self.keys.element_size() * 2
+
+    def update(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int):
+        """Write k, v (B, H_kv, T, D) at `slots` (T,) and return views of the first kv_len slots."""
+        self.keys[layer].index_copy_(2, slots, k)
+        self.values[layer].index_copy_(2, slots, v)
+        return self.keys[layer, :, :, :kv_len], self.values[layer, :, :, :kv_len]
+
+    def compact(self, source_slots: torch.Tensor, dest_start: int) -> None:
+        """Copy the entries at `source_slots` (n,) to dest_start .. dest_start+n-1 in every layer."""
+        n = source_slots.numel()
+        dest = torch.arange(dest_start, dest_start + n, device=source_slots.device)
+        for buf in (self.keys, self.values):
+            picked = buf.index_select(3, source_slots)  # (L, B, H, n, D)
+            buf.index_copy_(3, dest, picked)
+
+
+def attention_mask(key_valid: torch.Tensor, query_slots: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Causal mask over cache slots, with invalid (padded) keys removed and the diagonal kept.
+
+    key_valid: (B, S_max) bool, False for padded prefix slots. query_slots: (T,) slot of each query.
+    Returns (B, 1, T, kv_len) bool, True where a query may attend.
+    """
+    keys = torch.arange(kv_len, device=key_valid.device)
+    causal = keys[None, :] <= query_slots[:, None]  # (T, kv_len)
+    diagonal = keys[None, :] == query_slots[:, None]
+    mask = causal[None] & key_valid[:, None, :kv_len]  # (B, T, kv_len)
+    return (mask | diagonal[None])[:, None]

@@ -1,0 +1,41 @@
+"""LlamaGen's 2-D rotary position embedding.
+
+Builds the (rows, head_dim/2, 2) table of (cos, sin) and applies it to interleaved (2j, 2j+1) pairs.
+Rows 0..prefix_len-1 are all zeros (LlamaGen's quirk: q and k vanish on the conditioning prefix);
+row prefix_len + r*G + c rotates the first half of the pairs by the grid row r and the second half by
+the column c. Extra zero rows past the grid absorb speculative positions that overrun the image.
+This module does not know about models or caches.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def build_rope_2d(grid_size: int, head_dim: int, base: float = 10000.0, prefix_len: int = 1,
+                  extra_rows: int = 0) -> torch.Tensor:
+    """Return the float32 table of shape (prefix_len + grid_size**2 + extra_rows, head_dim // 2, 2)."""
+    half = head_dim // 2
+    # D/4 frequencies: omega_i = base ** (-2i / half), i = 0 .. half/2 - 1
+    exponents = torch.arange(0, half, 2, dtype=torch.float64)[: half // 2] / half
+    freqs = 1.0 / (base ** exponents)  # (half/2,)
+    t = torch.arange(grid_size, dtype=torch.float64)
+    angles_1d = torch.outer(t, freqs)  # (G, half/2)
+    rows = angles_1d[:, None, :].expand(grid_size, grid_size, -1)  # angle by row r, (G, G, half/2)
+    cols = angles_1d[None, :, :].expand(grid_size, grid_size, -1)  # angle by column c
+    angles = torch.cat([rows, cols], dim=-1).reshape(grid_size * grid_size, half)  # (G*G, half)
+    grid_table = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1).float()  # (G*G, half, 2)
+    prefix = torch.zeros(prefix_len, half, 2)
+    tail = torch.zeros(extra_rows, half, 2)
+    return torch.cat([prefix, grid_table, tail], dim=0)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate x of shape (B, T, H, D) by table rows of shape (T, D/2, 2) or (B, T, D/2, 2); fp32 maths."""
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)  # (B, T, H, D/2, 2)
+    if table.dim() == 3:
+        table = table[None]
+    rot = table[:, :, None]  # (B|1, T, 1, D/2, 2)
+    cos, sin = rot[..., 0], rot[..., 1]
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
+    return out.flatten(3).type_as(x)

@@ -1,0 +1,72 @@
+"""Turning logits into tokens: classifier-free guidance, temperature -> top-k -> top-p (LlamaGen's
+order), and sampling by inverse CDF from explicit uniforms drawn from caller-owned generators.
+
+Nothing here mutates its inputs or touches global RNG state. Drawing uniforms per sample (one
+generator per batch row) makes a batch of N reproduce N single runs exactly.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .config import SamplingConfig
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def combine_cfg(logits: torch.Tensor, scale: float) -> torch.Tensor:
+    """Rows are [cond; uncond] (2B, ..., V) -> uncond + scale * (cond - uncond), (B, ..., V)."""
+    cond, uncond = logits.chunk(2, dim=0)
+    return uncond + scale * (cond - uncond)
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, on the last dim; returns new fp32 logits with -inf holes."""
+    out = logits.float() / max(temperature, 1e-5)
+    vocab = out.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(out, top_k, dim=-1).values[..., -1:]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(out, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        remove = cumulative > top_p
+        remove[..., 1:] = remove[..., :-1].clone()  # keep the first token that crosses the threshold
+        remove[..., 0] = False
+        out = out.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+    return out
+
+
+def probs_from_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """The sampling distribution (fp32, sums to 1 on the last dim) for already CFG-combined logits."""
+    return filter_logits(logits, config.temperature, config.top_k, config.top_p).softmax(-1)
+
+
+def draw_uniforms(generator: Generators, batch: int, device: torch.device) -> torch.Tensor:
+    """(batch,) uniforms in [0, 1): one stream for all rows, or one generator per row."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand(batch, generator=generator, device=device)
+    if len(generator) != batch:
+        raise ValueError(f"got {len(generator)} generators for a batch of {batch}; pass one per sample")
+    return torch.cat([torch.rand(1, generator=g, device=device) for g in generator])
+
+
+def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: probs (B, V), uniforms (B,) -> tokens (B,). Never picks a zero-prob token."""
+    cdf = probs.cumsum(-1)
+    threshold = uniforms[:, None].to(cdf.dtype) * cdf[:, -1:]
+    return (cdf <= threshold).sum(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def pick_tokens(logits: torch.Tensor, config: SamplingConfig, generator: Generators) -> torch.Tensor:
+    """CFG-combined logits (B, V) -> tokens (B,): argmax when greedy, else a filtered sample."""
+    if config.greedy:
+        return logits.argmax(-1)
+    probs = probs_from_logits(logits, config)
+    return sample_from_probs(probs, draw_uniforms(generator, logits.shape[0], logits.device))
+
+
+def make_generators(seed: int, batch: int, device: torch.device | str = "cpu") -> list[torch.Generator]:
+    """One generator per sample, seeded seed, seed+1, ...: sample i equals a single run with seed+i."""
+    return [torch.Generator(device=device).manual_seed(seed + i) for i in range(batch)]
