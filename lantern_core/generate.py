@@ -20,7 +20,8 @@ from .models.gpt import ForwardStep, LlamaGenGPT
 from .models.kv_cache import attention_mask
 from .sampling import Generators, combine_cfg, pick_tokens
 
-StepCallback = Callable[[int, int], None]  # (tokens done, total tokens)
+# (tokens done per sample, total per sample, the (B, N) token buffer filled up to `done`)
+StepCallback = Callable[[int, int, torch.Tensor], None]
 
 
 @dataclass
@@ -60,6 +61,12 @@ class GenerationStats:
 class GenerationResult:
     tokens: torch.Tensor  # (B, N) long, raster order
     stats: GenerationStats
+    accepted_per_cell: torch.Tensor  # (B, N) int: tokens accepted by the forward that produced each cell
+
+    def acceptance_grid(self, sample: int = 0) -> list[list[int]]:
+        """The heat map of one sample as rows of the token grid (1 everywhere for plain AR)."""
+        side = int(round(self.tokens.shape[1] ** 0.5))
+        return self.accepted_per_cell[sample].reshape(side, -1).tolist()
 
 
 def _logits_for_step(logits: torch.Tensor, sampling: SamplingConfig, guided: bool, step: int) -> torch.Tensor:
@@ -68,6 +75,24 @@ def _logits_for_step(logits: torch.Tensor, sampling: SamplingConfig, guided: boo
     if sampling.cfg_active(step):
         return combine_cfg(logits, sampling.cfg_scale)
     return logits.chunk(2, dim=0)[0]
+
+
+def estimate_run_bytes(config, batch: int, guided: bool, dtype: torch.dtype) -> int:
+    """Transient memory of one `generate` call: the KV cache plus prefill activations and logits."""
+    rows = batch * (2 if guided else 1)
+    element = torch.tensor([], dtype=dtype).element_size()
+    cache = 2 * config.n_layer * rows * config.n_kv_head * config.max_seq_len * config.head_dim * element
+    prefill = rows * config.cls_token_num * max(config.ffn_dim, 3 * config.dim) * 4 * element
+    logits = rows * config.vocab_size * 4 * 4
+    return cache + prefill + logits
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels so wall times are real (CUDA and MPS run asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 @torch.no_grad()
@@ -85,31 +110,33 @@ def generate(model: LlamaGenGPT, condition: Condition, sampling: SamplingConfig,
     key_valid = torch.ones(rows, cache.max_len, dtype=torch.bool, device=device)
     key_valid[:, :T] = prefix.key_valid
 
-    positions = torch.arange(T, device=device)
-    prefill = ForwardStep(positions, cache, kv_len=T, mask=attention_mask(key_valid, positions, T))
-    hidden = model(prefix.embeddings, prefill)
-    logits = model.logits(hidden[:, -1])  # (rows, V)
-    tokens = torch.empty(condition.batch, n_tokens, dtype=torch.long, device=device)
-    tokens[:, 0] = pick_tokens(_logits_for_step(logits, sampling, guided, 0), sampling, generator)
-    prefill_time = time.perf_counter() - start
-    if on_step is not None:
-        on_step(1, n_tokens)
-
-    decode_mask = key_valid[:, None, None, :] if prefix.padded else None  # (rows, 1, 1, S_max)
-    for i in range(1, n_tokens):
-        pos = T + i - 1  # slot of the token fed now (image token i - 1)
-        fed = tokens[:, i - 1 : i]
-        fed = torch.cat([fed, fed]) if guided else fed  # (rows, 1)
-        step = ForwardStep(positions.new_tensor([pos]), cache, kv_len=pos + 1,
-                           mask=None if decode_mask is None else decode_mask[..., : pos + 1])
-        logits = model.logits(model(model.embed_tokens(fed), step)[:, -1])
-        tokens[:, i] = pick_tokens(_logits_for_step(logits, sampling, guided, i), sampling, generator)
+    try:
+        positions = torch.arange(T, device=device)
+        prefill = ForwardStep(positions, cache, kv_len=T, mask=attention_mask(key_valid, positions, T))
+        hidden = model(prefix.embeddings, prefill)
+        logits = model.logits(hidden[:, -1])  # (rows, V)
+        tokens = torch.empty(condition.batch, n_tokens, dtype=torch.long, device=device)
+        tokens[:, 0] = pick_tokens(_logits_for_step(logits, sampling, guided, 0), sampling, generator)
+        prefill_time = time.perf_counter() - start
         if on_step is not None:
-            on_step(i + 1, n_tokens)
+            on_step(1, n_tokens, tokens)
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        decode_mask = key_valid[:, None, None, :] if prefix.padded else None  # (rows, 1, 1, S_max)
+        for i in range(1, n_tokens):
+            pos = T + i - 1  # slot of the token fed now (image token i - 1)
+            fed = tokens[:, i - 1 : i]
+            fed = torch.cat([fed, fed]) if guided else fed  # (rows, 1)
+            step = ForwardStep(positions.new_tensor([pos]), cache, kv_len=pos + 1,
+                               mask=None if decode_mask is None else decode_mask[..., : pos + 1])
+            logits = model.logits(model(model.embed_tokens(fed), step)[:, -1])
+            tokens[:, i] = pick_tokens(_logits_for_step(logits, sampling, guided, i), sampling, generator)
+            if on_step is not None:
+                on_step(i + 1, n_tokens, tokens)
+    finally:
+        cache_bytes = cache.nbytes
+        cache.release()  # frees the buffers now, even when a callback interrupts the run
+    synchronize(device)
     stats = GenerationStats(batch=condition.batch, image_tokens=n_tokens, forward_passes=n_tokens,
                             wall_time_s=time.perf_counter() - start, prefill_time_s=prefill_time,
-                            kv_cache_bytes=cache.nbytes)
-    return GenerationResult(tokens, stats)
+                            kv_cache_bytes=cache_bytes)
+    return GenerationResult(tokens, stats, torch.ones_like(tokens, dtype=torch.int32))

@@ -59,6 +59,13 @@ class T5CaptionEncoder:
         self.model = self.model.to(device).eval()
         self.max_tokens = max_tokens
 
+    @classmethod
+    def from_parts(cls, tokenizer, model, max_tokens: int = T5_MAX_TOKENS) -> "T5CaptionEncoder":
+        """Wrap an already loaded tokenizer and encoder (e.g. one that a host placed on its device)."""
+        encoder = cls.__new__(cls)
+        encoder.tokenizer, encoder.model, encoder.max_tokens = tokenizer, model, max_tokens
+        return encoder
+
     @property
     def feature_dim(self) -> int:
         return self.model.config.d_model

@@ -41,6 +41,10 @@ class KVCache:
         self.values[layer].index_copy_(2, slots, v)
         return self.keys[layer, :, :, :kv_len], self.values[layer, :, :, :kv_len]
 
+    def release(self) -> None:
+        """Drop the buffers (the object stays valid but empty); used in `finally` after a run."""
+        self.keys = self.values = torch.empty(0)
+
     def compact(self, source_slots: torch.Tensor, dest_start: int) -> None:
         """Copy the entries at `source_slots` (n,) to dest_start .. dest_start+n-1 in every layer."""
         n = source_slots.numel()

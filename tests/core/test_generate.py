@@ -131,8 +131,9 @@ def test_stats_count_forward_passes_and_time(c2i_model):
     assert stats.kv_cache_bytes == 2 * 2 * 2 * 4 * (1 + 16) * 16 * 4  # K+V, layers, rows, heads, slots, dim, fp32
 
 
-def test_bfloat16_generation_runs_and_stays_in_vocab(c2i_model):
-    model = c2i_model.to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_generation_runs_and_stays_in_vocab(c2i_model, dtype):
+    model = c2i_model.to(dtype)
     result = generate(model, Condition.classes([0, 1]), SamplingConfig(cfg_scale=2.0), make_generators(0, 2))
     assert result.tokens.dtype == torch.long
     assert int(result.tokens.min()) >= 0 and int(result.tokens.max()) < TINY_C2I.vocab_size
@@ -140,8 +141,42 @@ def test_bfloat16_generation_runs_and_stays_in_vocab(c2i_model):
 
 def test_step_callback_reports_progress(c2i_model):
     seen = []
-    generate(c2i_model, Condition.classes([0]), SamplingConfig(), on_step=lambda done, total: seen.append((done, total)))
+    def record(done, total, tokens):
+        seen.append((done, total))
+        assert (tokens[:, :done] >= 0).all()
+
+    result = generate(c2i_model, Condition.classes([0]), SamplingConfig(), on_step=record)
     assert seen == [(i, 16) for i in range(1, 17)]
+    assert result.tokens.shape == (1, 16)
+
+
+def test_an_exception_in_the_callback_stops_generation(c2i_model):
+    class Stop(Exception):
+        pass
+
+    def stop_at_five(done, total, tokens):
+        if done == 5:
+            raise Stop
+
+    caches = []
+    original = type(c2i_model).allocate_cache
+
+    def spy(self, *args, **kwargs):
+        caches.append(original(self, *args, **kwargs))
+        return caches[-1]
+
+    type(c2i_model).allocate_cache = spy
+    try:
+        with pytest.raises(Stop):
+            generate(c2i_model, Condition.classes([0]), SamplingConfig(), on_step=stop_at_five)
+    finally:
+        type(c2i_model).allocate_cache = original
+    assert len(caches) == 1 and caches[0].keys.numel() == 0  # the KV cache was released on the way out
+
+
+def test_acceptance_grid_is_all_ones_for_ar(c2i_model):
+    result = generate(c2i_model, Condition.classes([0, 1]), SamplingConfig())
+    assert result.acceptance_grid(1) == [[1] * 4] * 4
 
 
 def test_bad_class_label_is_a_clear_error(c2i_model):

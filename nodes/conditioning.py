@@ -1,0 +1,71 @@
+"""LanternConditioning: class names/indices (c2i) or a prompt (t2i) -> LANTERN_COND."""
+from __future__ import annotations
+
+import torch
+from comfy_api.latest import io
+
+from ..lantern_core.errors import ConfigError, LanternError
+
+from . import runtime
+from .types import LanternCond, LanternCondType, LanternModel, LanternModelType
+
+
+def class_labels(model: LanternModel, text: str) -> tuple[list[int], list[str]]:
+    """'cat, 3' -> label indices and their names; errors list the valid classes."""
+    names = model.class_names
+    labels, described = [], []
+    for item in [t.strip() for t in text.split(",") if t.strip()]:
+        if item.lstrip("-").isdigit():
+            index = int(item)
+            if not 0 <= index < model.config.num_classes:
+                raise ConfigError("class", f"an index in 0..{model.config.num_classes - 1} or a name", item)
+        else:
+            lowered = [n.lower() for n in names]
+            if item.lower() not in lowered:
+                raise ConfigError("class", f"one of {names} or an index 0..{model.config.num_classes - 1}", item)
+            index = lowered.index(item.lower())
+        labels.append(index)
+        described.append(names[index] if index < len(names) else f"class {index}")
+    if not labels:
+        raise ConfigError("class", "at least one class name or index", text)
+    return labels, described
+
+
+def encode(model: LanternModel, class_text: str, prompt: str) -> LanternCond:
+    if model.config.model_type == "c2i":
+        labels, described = class_labels(model, class_text)
+        return LanternCond(described, labels=torch.tensor(labels, dtype=torch.long))
+    if not prompt.strip():
+        raise LanternError(f"'{model.name}' is a text-to-image model: write a prompt")
+    device = runtime.place([model.text_encoder])
+    from ..lantern_core.text_encoder import T5CaptionEncoder
+
+    encoder = T5CaptionEncoder.from_parts(model.tokenizer, model.text_encoder.model)
+    with torch.no_grad():
+        cond = encoder.encode([prompt])
+    return LanternCond([prompt], caption=cond.caption.cpu(), caption_mask=cond.caption_mask.cpu())
+
+
+class LanternConditioning(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="LanternConditioning",
+            display_name="Lantern: Conditioning",
+            category="LANTERN/conditioning",
+            description="What to draw. Class-conditional models take class names or indices (comma-separated "
+                        "for several images); text-to-image models take the prompt.",
+            inputs=[
+                LanternModelType.Input("model", tooltip="From Lantern: Load Model."),
+                io.String.Input("class_name", default="0",
+                                tooltip="c2i models: class name or index, e.g. 'cat' or '207'; several separated "
+                                        "by commas make a batch. Ignored by t2i models."),
+                io.String.Input("prompt", default="", multiline=True,
+                                tooltip="t2i models: the caption. Ignored by class-conditional models."),
+            ],
+            outputs=[LanternCondType.Output(display_name="conditioning", tooltip="Feed into Lantern: Sampler.")],
+        )
+
+    @classmethod
+    def execute(cls, model: LanternModel, class_name: str, prompt: str) -> io.NodeOutput:
+        return io.NodeOutput(encode(model, class_name, prompt))

@@ -1,0 +1,56 @@
+"""LanternModelLoader: target checkpoint + VQ tokenizer (+ text encoder for t2i) -> LANTERN_MODEL."""
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from . import paths, runtime
+from .types import LanternModelType
+
+DESCRIPTION = ("Loads a visual autoregressive model (LlamaGen c2i/t2i, or the embedded default) with its VQ "
+               "tokenizer and, for text-to-image models, its Flan-T5 text encoder. Size, type and grid are read "
+               "from the files. Files go in models/lantern/checkpoints, models/lantern/vq and "
+               "models/lantern/text_encoders.")
+
+
+class LanternModelLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="LanternModelLoader",
+            display_name="Lantern: Load Model",
+            category="LANTERN/loaders",
+            description=DESCRIPTION,
+            inputs=[
+                io.Combo.Input("checkpoint", options=paths.list_checkpoints(), default=paths.EMBEDDED,
+                               tooltip="Target model: a LlamaGen .pt/.safetensors file or an HF folder in "
+                                       "models/lantern/checkpoints. The embedded default needs no files."),
+                io.Combo.Input("vq_tokenizer", options=paths.list_vq(), default="auto",
+                               tooltip="VQ tokenizer file in models/lantern/vq (vq_ds16_c2i.pt, vq_ds16_t2i.pt). "
+                                       "'auto' is right for the embedded model only."),
+                io.Combo.Input("text_encoder", options=paths.list_text_encoders(), default=paths.NONE,
+                               tooltip="Flan-T5-XL folder in models/lantern/text_encoders; needed by "
+                                       "text-to-image models, ignored by class-conditional ones."),
+                io.Combo.Input("dtype", options=["auto", "bf16", "fp16", "fp32"], default="auto",
+                               tooltip="Weight precision. 'auto' follows ComfyUI: bf16 on GPUs that support it, "
+                                       "fp32 on CPU."),
+            ],
+            outputs=[LanternModelType.Output(display_name="model", tooltip="The loaded model.")],
+        )
+
+    @classmethod
+    def execute(cls, checkpoint: str, vq_tokenizer: str, text_encoder: str, dtype: str) -> io.NodeOutput:
+        from ..lantern_core.errors import LanternError
+
+        gpt_path = paths.resolve("lantern_checkpoints", checkpoint)
+        if vq_tokenizer == "auto":
+            if checkpoint != paths.EMBEDDED:
+                raise LanternError(f"choose the VQ tokenizer for '{checkpoint}' in vq_tokenizer (put "
+                                   "vq_ds16_c2i.pt or vq_ds16_t2i.pt in models/lantern/vq); 'auto' only fits "
+                                   "the embedded model")
+            vq_path = paths.resolve("lantern_vq", paths.EMBEDDED)
+        else:
+            vq_path = paths.resolve("lantern_vq", vq_tokenizer)
+        t5_path = None if text_encoder == paths.NONE else paths.resolve("lantern_text_encoders", text_encoder)
+        model = runtime.load_model(gpt_path, vq_path, t5_path, runtime.choose_dtype(dtype), name=checkpoint)
+        return io.NodeOutput(model)
+

@@ -1,0 +1,84 @@
+"""Model folders of the pack under ComfyUI's `models/` (respecting extra_model_paths.yaml) and how a
+combo choice becomes a path. The embedded default model is always listed first.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import folder_paths
+
+from ..lantern_core.embedded import EMBEDDED_GPT, EMBEDDED_NAME, EMBEDDED_VQ
+from ..lantern_core.errors import LanternError
+
+# folder name (usable as a key in extra_model_paths.yaml) -> default location under models/
+FOLDERS = {
+    "lantern_checkpoints": "lantern/checkpoints",
+    "lantern_vq": "lantern/vq",
+    "lantern_text_encoders": "lantern/text_encoders",
+}
+WEIGHT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin", ".ckpt"}
+EMBEDDED = EMBEDDED_NAME
+NONE = "none"
+
+
+def register_folders() -> None:
+    """Add our folders unless the user's extra_model_paths.yaml already configured them."""
+    for name, sub in FOLDERS.items():
+        default = os.path.join(folder_paths.models_dir, *sub.split("/"))
+        if name in folder_paths.folder_names_and_paths:
+            paths, _ = folder_paths.folder_names_and_paths[name]
+            if default not in paths:
+                paths.append(default)
+            folder_paths.folder_names_and_paths[name] = (paths, WEIGHT_SUFFIXES)
+        else:
+            folder_paths.folder_names_and_paths[name] = ([default], WEIGHT_SUFFIXES)
+
+
+def _model_dirs(name: str) -> list[str]:
+    """Sub-folders (HF layout: config.json inside) of every root of `name`, as relative names."""
+    out = []
+    for root in folder_paths.get_folder_paths(name):
+        if not os.path.isdir(root):
+            continue
+        for entry in sorted(os.scandir(root), key=lambda e: e.name):
+            if entry.is_dir() and os.path.isfile(os.path.join(entry.path, "config.json")):
+                out.append(entry.name + "/")
+    return out
+
+
+def _weight_files(name: str) -> list[str]:
+    """Weight files of `name`, leaving out the files inside HF-layout model folders."""
+    roots = folder_paths.get_folder_paths(name)
+
+    def inside_model_dir(rel: str) -> bool:
+        parts = rel.replace("\\", "/").split("/")
+        return len(parts) > 1 and any(os.path.isfile(os.path.join(r, parts[0], "config.json")) for r in roots)
+
+    return [f for f in folder_paths.get_filename_list(name)
+            if Path(f).suffix.lower() in WEIGHT_SUFFIXES and not inside_model_dir(f)]
+
+
+def list_checkpoints() -> list[str]:
+    return [EMBEDDED] + _weight_files("lantern_checkpoints") + _model_dirs("lantern_checkpoints")
+
+
+def list_vq() -> list[str]:
+    return ["auto"] + _weight_files("lantern_vq")
+
+
+def list_text_encoders() -> list[str]:
+    return [NONE] + _model_dirs("lantern_text_encoders")
+
+
+def resolve(name: str, choice: str) -> Path:
+    """Combo value -> absolute path, or a LanternError naming the folder to put the file in."""
+    if choice == EMBEDDED:
+        return EMBEDDED_GPT if name == "lantern_checkpoints" else EMBEDDED_VQ
+    for root in folder_paths.get_folder_paths(name):
+        candidate = Path(root) / choice.rstrip("/")
+        if candidate.exists():
+            return candidate
+    roots = ", ".join(folder_paths.get_folder_paths(name))
+    raise LanternError(f"'{choice}' was not found in the {name} folder(s) ({roots}). Put the file (or the model "
+                       f"folder with its config.json) there, or choose another entry.")

@@ -1,0 +1,135 @@
+"""Everything that touches ComfyUI's runtime: model placement (ModelPatcher + model_management),
+the shared-load registry, progress bars with partial-grid previews, interrupts and memory release.
+
+Node modules call these helpers and lantern_core; nothing else in the pack imports
+comfy.model_management, comfy.model_patcher or comfy.utils.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+import comfy.model_management as mm
+import comfy.model_patcher
+import comfy.utils
+
+from ..lantern_core.checkpoints import load_gpt, load_vq
+
+from .types import LanternModel
+
+log = logging.getLogger("lantern.nodes")
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_REGISTRY: "weakref.WeakValueDictionary[tuple, LanternModel]" = weakref.WeakValueDictionary()
+_REGISTRY_LOCK = threading.Lock()
+
+
+def choose_dtype(choice: str) -> torch.dtype:
+    """'auto' follows ComfyUI's policy for the compute device (bf16 where fast, else fp32)."""
+    if choice != "auto":
+        return DTYPES[choice]
+    device = mm.get_torch_device()
+    if mm.should_use_bf16(device):
+        return torch.bfloat16
+    if mm.should_use_fp16(device):
+        return torch.float16
+    return torch.float32
+
+
+def _patcher(module: torch.nn.Module) -> comfy.model_patcher.ModelPatcher:
+    size = sum(p.numel() * p.element_size() for p in module.parameters())
+    size += sum(b.numel() * b.element_size() for b in module.buffers())
+    return comfy.model_patcher.ModelPatcher(module, load_device=mm.get_torch_device(),
+                                            offload_device=mm.unet_offload_device(), size=size)
+
+
+def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, dtype: torch.dtype,
+               name: str) -> LanternModel:
+    """Load (or reuse) a model. Identical loads share one copy; weights wait on the offload device."""
+    key = (str(gpt_path), str(vq_path), str(text_encoder_path), str(dtype))
+    with _REGISTRY_LOCK:
+        cached = _REGISTRY.get(key)
+        if cached is not None:
+            return cached
+        offload = mm.unet_offload_device()
+        gpt = load_gpt(gpt_path, device=offload, dtype=dtype)
+        vq = load_vq(vq_path, device=offload, dtype=torch.float32)  # small; fp32 keeps decodes exact
+        encoder = tokenizer = None
+        if gpt.config.model_type == "t2i":
+            if text_encoder_path is None:
+                from ..lantern_core.errors import LanternError
+
+                raise LanternError(f"'{name}' is a text-to-image model: choose its Flan-T5-XL folder in "
+                                   "text_encoder (put google/flan-t5-xl in models/lantern/text_encoders/)")
+            from ..lantern_core.text_encoder import T5CaptionEncoder
+
+            t5 = T5CaptionEncoder(text_encoder_path, device=offload,
+                                  dtype=torch.float32 if dtype == torch.float32 else torch.bfloat16)
+            encoder, tokenizer = _patcher(t5.model), t5.tokenizer
+        handle = LanternModel(name=name, gpt=_patcher(gpt.model), vq=_patcher(vq.model), text_encoder=encoder,
+                              tokenizer=tokenizer, class_names=list(gpt.class_names or []), dtype=dtype)
+        _REGISTRY[key] = handle
+        return handle
+
+
+def live_models() -> int:
+    """How many distinct loaded models are still referenced (by ComfyUI's output cache or a run)."""
+    return len(_REGISTRY)
+
+
+def place(patchers: list, memory_required: int = 0) -> torch.device:
+    """Load patchers onto the compute device, reserving `memory_required` bytes for activations/caches."""
+    mm.load_models_gpu(patchers, memory_required=memory_required, force_full_load=True)
+    return patchers[0].load_device
+
+
+@contextmanager
+def run_scope() -> Iterator[None]:
+    """Around one generation: whatever happens, give transient memory back to the allocator."""
+    try:
+        yield
+    finally:
+        mm.soft_empty_cache()
+
+
+def intermediate_device() -> torch.device:
+    """Where IMAGE outputs live (CPU unless ComfyUI runs with --gpu-only)."""
+    return mm.intermediate_device()
+
+
+def check_interrupt() -> None:
+    mm.throw_exception_if_processing_interrupted()
+
+
+def previews_enabled() -> bool:
+    from comfy.cli_args import LatentPreviewMethod, args
+
+    return args.preview_method != LatentPreviewMethod.NoPreviews
+
+
+def progress_callback(total_tokens: int, preview: Callable[[torch.Tensor, int], object] | None,
+                      preview_every: int) -> Callable[[int, int, torch.Tensor], None]:
+    """A lantern_core step callback: advances a ProgressBar in image tokens (which also raises on
+    Cancel) and, when previews are on, sends a partial-grid preview every `preview_every` tokens."""
+    bar = comfy.utils.ProgressBar(total_tokens)
+
+    def on_step(done: int, total: int, tokens: torch.Tensor) -> None:
+        image = None
+        if preview is not None and (done % preview_every == 0 or done == total) and done < total:
+            image = preview(tokens, done)
+        bar.update_absolute(done, total, image)
+        check_interrupt()
+
+    return on_step
+
+
+def preview_size() -> int:
+    from comfy.cli_args import args
+
+    return args.preview_size

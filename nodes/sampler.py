@@ -1,0 +1,128 @@
+"""LanternSampler: model + conditioning (+ decoding) -> LANTERN_TOKENS and a stats STRING, with a
+progress bar in image tokens, optional partial-grid previews, Cancel, and the stats/heat-map UI."""
+from __future__ import annotations
+
+import torch
+from comfy_api.latest import io
+
+from ..lantern_core.conditioning import Condition
+from ..lantern_core.config import SamplingConfig
+from ..lantern_core.generate import GenerationResult, estimate_run_bytes, generate
+from ..lantern_core.images import to_unit_range
+from ..lantern_core.sampling import make_generators
+
+from . import runtime
+from .types import (LanternCond, LanternCondType, LanternDecoding, LanternDecodingType, LanternModel,
+                    LanternModelType, LanternTokens, LanternTokensType)
+
+SEED_MAX = 0xFFFFFFFFFFFFFFFF
+
+
+def sampling_inputs() -> list:
+    return [
+        io.Float.Input("cfg", default=3.0, min=0.0, max=30.0, step=0.1, round=0.01,
+                       tooltip="Classifier-free guidance scale; 1.0 turns guidance off (faster: one row per image)."),
+        io.Float.Input("temperature", default=1.0, min=0.0, max=5.0, step=0.05, round=0.01,
+                       tooltip="Sampling temperature; 0 is greedy (deterministic, usually duller images)."),
+        io.Int.Input("top_k", default=0, min=0, max=1_000_000,
+                     tooltip="Keep only the k most likely tokens (0 = off). LlamaGen uses 1000-2000."),
+        io.Float.Input("top_p", default=1.0, min=0.01, max=1.0, step=0.01, round=0.001,
+                       tooltip="Nucleus sampling threshold, applied after top-k (1.0 = off)."),
+        io.Int.Input("seed", default=0, min=0, max=SEED_MAX, control_after_generate=True,
+                     tooltip="Image i of the batch uses seed + i, so it matches a single run with that seed."),
+        io.Int.Input("batch_size", default=1, min=1, max=64,
+                     tooltip="Images per conditioning entry."),
+    ]
+
+
+def expand(cond: LanternCond, batch_size: int) -> tuple[Condition, list[str]]:
+    """Repeat every conditioning entry batch_size times (entry-major)."""
+    desc = [d for d in cond.description for _ in range(batch_size)]
+    if cond.labels is not None:
+        return Condition(labels=cond.labels.repeat_interleave(batch_size)), desc
+    return Condition(caption=cond.caption.repeat_interleave(batch_size, 0),
+                     caption_mask=cond.caption_mask.repeat_interleave(batch_size, 0)), desc
+
+
+def _preview_decoder(model: LanternModel, device: torch.device):
+    side = model.config.grid_size
+    size = runtime.preview_size()
+
+    def preview(tokens: torch.Tensor, done: int):
+        from PIL import Image
+
+        grid = tokens[:1].clone()
+        grid[:, done:] = grid[:, max(done - 1, 0)]  # unfinished cells borrow the last token, then get greyed
+        with torch.no_grad():
+            image = to_unit_range(model.vq.model.decode(grid.to(device)))[0]  # (H, W, 3)
+        rows_done = (done + side - 1) // side
+        pixels_per_row = image.shape[0] // side
+        image[rows_done * pixels_per_row:] = 0.5
+        array = (image.cpu().numpy() * 255).round().clip(0, 255).astype("uint8")
+        return ("JPEG", Image.fromarray(array), size)
+
+    return preview
+
+
+def stats_payload(result: GenerationResult, mode: str, descriptions: list[str]) -> dict:
+    s = result.stats
+    return {"mode": mode, "batch": s.batch, "image_tokens": s.image_tokens, "forward_passes": s.forward_passes,
+            "wall_time_s": round(s.wall_time_s, 4), "tokens_per_s": round(s.tokens_per_s, 2),
+            "ms_per_step": round(s.ms_per_step, 3), "mean_accepted_length": round(s.mean_accepted_length, 4),
+            "speculative": mode != "ar", "conditions": descriptions, "heatmap": result.acceptance_grid(0)}
+
+
+def stats_text(payload: dict) -> str:
+    return (f"{payload['mode']}: {payload['batch']} x {payload['image_tokens']} tokens in "
+            f"{payload['wall_time_s']:.2f} s ({payload['tokens_per_s']:.1f} tok/s), "
+            f"{payload['forward_passes']} forward passes, mean accepted length {payload['mean_accepted_length']:.2f}")
+
+
+def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | None, sampling: SamplingConfig,
+           seed: int, batch_size: int) -> tuple[LanternTokens, dict]:
+    """One sampler run inside ComfyUI: place the model, generate with progress, release memory."""
+    mode = (decoding or LanternDecoding()).mode
+    condition, descriptions = expand(cond, batch_size)
+    with runtime.run_scope():
+        previews = runtime.previews_enabled()
+        patchers = [model.gpt, model.vq] if previews else [model.gpt]
+        memory = estimate_run_bytes(model.config, condition.batch, sampling.uses_cfg, model.dtype)
+        device = runtime.place(patchers, memory_required=memory)
+        condition = Condition(
+            labels=None if condition.labels is None else condition.labels.to(device),
+            caption=None if condition.caption is None else condition.caption.to(device),
+            caption_mask=None if condition.caption_mask is None else condition.caption_mask.to(device))
+        on_step = runtime.progress_callback(model.config.num_image_tokens,
+                                            _preview_decoder(model, device) if previews else None,
+                                            preview_every=model.config.grid_size * max(1, model.config.grid_size // 8))
+        result = generate(model.gpt.model, condition, sampling, make_generators(seed, condition.batch, device), on_step)
+    payload = stats_payload(result, mode, descriptions)
+    return LanternTokens(result.tokens.cpu(), model, payload), payload
+
+
+class LanternSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="LanternSampler",
+            display_name="Lantern: Sampler",
+            category="LANTERN/sampling",
+            description="Generates image tokens with the chosen decoding mode. Shows tokens/s, forward passes and "
+                        "an acceptance heat map on the node after each run; Cancel stops within one step.",
+            inputs=[
+                LanternModelType.Input("model", tooltip="From Lantern: Load Model."),
+                LanternCondType.Input("conditioning", tooltip="From Lantern: Conditioning."),
+                LanternDecodingType.Input("decoding", optional=True,
+                                          tooltip="From Lantern: Decoding Config; plain AR when not connected."),
+                *sampling_inputs(),
+            ],
+            outputs=[LanternTokensType.Output(display_name="tokens", tooltip="Feed into Lantern: Decode."),
+                     io.String.Output(display_name="stats", tooltip="One line of run statistics.")],
+        )
+
+    @classmethod
+    def execute(cls, model: LanternModel, conditioning: LanternCond, cfg: float, temperature: float, top_k: int,
+                top_p: float, seed: int, batch_size: int, decoding: LanternDecoding | None = None) -> io.NodeOutput:
+        sampling = SamplingConfig(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p)
+        tokens, payload = sample(model, conditioning, decoding, sampling, seed, batch_size)
+        return io.NodeOutput(tokens, stats_text(payload), ui={"lantern_stats": [payload]})

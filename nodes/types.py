@@ -1,0 +1,63 @@
+"""Wire types of the pack: the values that travel between LANTERN nodes.
+
+Each is a light handle (configs plus ModelPatchers or small CPU tensors), never a copy of weights.
+Downstream nodes must not mutate them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from comfy_api.latest import io
+
+LanternModelType = io.Custom("LANTERN_MODEL")
+LanternCondType = io.Custom("LANTERN_COND")
+LanternDecodingType = io.Custom("LANTERN_DECODING")
+LanternTokensType = io.Custom("LANTERN_TOKENS")
+
+
+@dataclass
+class LanternModel:
+    """A loaded target model: GPT, VQ tokenizer and (t2i) text encoder, each in its own ModelPatcher."""
+
+    name: str
+    gpt: object  # comfy.model_patcher.ModelPatcher around lantern_core.LlamaGenGPT
+    vq: object  # ModelPatcher around lantern_core.VQModel
+    text_encoder: object | None  # ModelPatcher around the T5 encoder, t2i only
+    tokenizer: object | None
+    class_names: list[str] = field(default_factory=list)
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def config(self):
+        return self.gpt.model.config
+
+    @property
+    def image_size(self) -> int:
+        return self.config.grid_size * self.vq.model.config.downsample
+
+
+@dataclass
+class LanternCond:
+    """What to draw: class labels (c2i) or encoded, left-padded captions (t2i), on the CPU."""
+
+    description: list[str]
+    labels: torch.Tensor | None = None  # (B,)
+    caption: torch.Tensor | None = None  # (B, T, C)
+    caption_mask: torch.Tensor | None = None  # (B, T)
+
+
+@dataclass(frozen=True)
+class LanternDecoding:
+    """The decoding mode and its parameters. Plain AR today; speculative modes add fields here."""
+
+    mode: str = "ar"
+
+
+@dataclass
+class LanternTokens:
+    """Generated token grids (CPU) plus the model that can decode them and the run's statistics."""
+
+    tokens: torch.Tensor  # (B, N) long
+    model: LanternModel
+    stats: dict

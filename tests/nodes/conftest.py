@@ -1,0 +1,66 @@
+"""Node tests against a real ComfyUI 0.3.75 (from `make host`): in-process contract tests import the
+pack the way ComfyUI does; server tests start `main.py --cpu` with the pack linked in."""
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COMFY = REPO / ".host" / "ComfyUI"
+sys.path.insert(0, str(REPO / "tests" / "host"))
+
+
+def pytest_configure(config):
+    if not (COMFY / "main.py").is_file():
+        raise pytest.UsageError(f"ComfyUI is missing at {COMFY}: run `make host` (make test does it)")
+
+
+@pytest.fixture(scope="session")
+def mm(tmp_path_factory):
+    """ComfyUI's modules imported in this process (CPU mode), with a scratch models directory."""
+    if str(COMFY) not in sys.path:
+        sys.path.insert(0, str(COMFY))
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = True
+    import folder_paths
+
+    models = tmp_path_factory.mktemp("models")
+    folder_paths.models_dir = str(models)
+    import comfy.model_management
+    import comfy.utils  # noqa: F401
+
+    return comfy.model_management
+
+
+@pytest.fixture(scope="session")
+def pack(mm):
+    """The pack imported as a package under its folder name, as ComfyUI's loader does."""
+    spec = importlib.util.spec_from_file_location("lantern_pack", REPO / "__init__.py",
+                                                  submodule_search_locations=[str(REPO)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["lantern_pack"] = module
+    spec.loader.exec_module(module)
+    module.nodes.paths.register_folders()
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    from comfy_server import ComfyServer
+
+    base = tmp_path_factory.mktemp("comfy_base")
+    srv = ComfyServer(base, free_port(), extra_args=("--preview-method", "auto"))
+    srv.start()
+    yield srv
+    srv.stop()

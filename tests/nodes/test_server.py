@@ -1,0 +1,122 @@
+"""End to end through a real ComfyUI 0.3.75 server (`main.py --cpu`) over HTTP + websocket: the shipped
+example workflow, progress and previews, the stats UI payload, Cancel, errors and `/free`."""
+from __future__ import annotations
+
+import asyncio
+import copy
+import io
+import json
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from client import run_prompt, run_prompt_async
+from workflow import ui_to_api
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "example_workflows" / "lantern_embedded_model.json"
+
+
+@pytest.fixture(scope="module")
+def object_info(server):
+    return server.get("/object_info", timeout=60)
+
+
+@pytest.fixture(scope="module")
+def prompt(object_info):
+    return ui_to_api(json.loads(EXAMPLE.read_text()), object_info)
+
+
+def with_inputs(prompt: dict, node_type: str, **inputs) -> dict:
+    out = copy.deepcopy(prompt)
+    for node in out.values():
+        if node["class_type"] == node_type:
+            node["inputs"].update(inputs)
+    return out
+
+
+def saved_image(server, result) -> Image.Image:
+    images = [img for out in result.history["outputs"].values() for img in out.get("images", [])
+              if img["type"] == "output"]
+    assert images, result.history["outputs"]
+    data = server.request("GET", f"/view?filename={images[0]['filename']}&subfolder={images[0]['subfolder']}&type=output")
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def test_nodes_extension_and_templates_are_registered(server, object_info):
+    ours = {k: v for k, v in object_info.items() if k.startswith("Lantern")}
+    assert sorted(ours) == sorted(["LanternModelLoader", "LanternConditioning", "LanternDecodingConfig",
+                                   "LanternSampler", "LanternDecode", "LanternGenerate"])
+    assert all(v["category"].startswith("LANTERN") for v in ours.values())
+    assert ours["LanternModelLoader"]["input"]["required"]["checkpoint"][1]["options"][0].endswith("(embedded)") or \
+        ours["LanternModelLoader"]["input"]["required"]["checkpoint"][0][0].endswith("(embedded)")
+    assert "/extensions/lantern/js/lantern_stats.js" in server.get("/extensions")
+    templates = server.get("/workflow_templates")
+    assert "lantern_embedded_model" in templates.get("lantern", [])
+
+
+def test_example_workflow_runs_with_progress_previews_and_stats(server, prompt):
+    result = run_prompt(server.url, with_inputs(prompt, "LanternSampler", seed=11))
+    assert result.status == "success", result.messages[-3:]
+    image = saved_image(server, result)
+    assert image.size == (128, 128)
+    sampler_id = next(k for k, v in prompt.items() if v["class_type"] == "LanternSampler")
+    progress = [d for d in result.of_type("progress") if d.get("node") == sampler_id]
+    assert progress and progress[-1]["value"] == progress[-1]["max"] == 256
+    assert result.previews >= 4  # partial-grid previews (server runs with --preview-method auto)
+    executed = [d for d in result.of_type("executed") if d["node"] == sampler_id]
+    stats = executed[0]["output"]["lantern_stats"][0]
+    assert stats["forward_passes"] == 256 and stats["heatmap"] == [[1] * 16] * 16
+    assert stats["conditions"] == ["astronaut"]
+
+
+def test_same_seed_same_image_across_runs_and_other_seed_differs(server, prompt):
+    a = saved_image(server, run_prompt(server.url, with_inputs(prompt, "LanternSampler", seed=21)))
+    # a different save prefix forces re-execution of the whole graph instead of a cache hit
+    again = with_inputs(with_inputs(prompt, "LanternSampler", seed=21), "SaveImage", filename_prefix="again")
+    b = saved_image(server, run_prompt(server.url, with_inputs(again, "LanternModelLoader", dtype="fp32")))
+    c = saved_image(server, run_prompt(server.url, with_inputs(prompt, "LanternSampler", seed=22)))
+    assert a.tobytes() == b.tobytes()
+    assert a.tobytes() != c.tobytes()
+
+
+def test_cancel_stops_the_run_and_the_next_run_succeeds(server, prompt):
+    slow = with_inputs(prompt, "LanternSampler", seed=31, batch_size=6)
+
+    async def interrupt_on_progress(kind, data, session):
+        if kind == "progress" and data.get("value") == 20:
+            async with session.post(f"{server.url}/interrupt", json={}) as resp:
+                assert resp.status == 200
+
+    started = time.perf_counter()
+    result = asyncio.run(run_prompt_async(server.url, slow, interrupt_on_progress))
+    assert result.status == "interrupted"
+    values = [d["value"] for d in result.of_type("progress")]
+    assert max(values) <= 22 and time.perf_counter() - started < 120  # stopped within a step or two
+    after = run_prompt(server.url, with_inputs(prompt, "LanternSampler", seed=32))
+    assert after.status == "success"
+
+
+def test_bad_inputs_are_node_errors_and_the_server_keeps_running(server, prompt):
+    result = run_prompt(server.url, with_inputs(prompt, "LanternConditioning", class_name="dog"))
+    assert result.status == "error"
+    error = result.of_type("execution_error")[0]
+    assert error["node_type"] == "LanternConditioning"
+    assert "dog" in error["exception_message"] and "astronaut" in error["exception_message"]
+    with pytest.raises(ValueError, match="node_errors"):
+        run_prompt(server.url, with_inputs(prompt, "LanternSampler", top_p=7.0))
+    assert server.get("/system_stats")["system"]
+
+
+def test_free_releases_models(server, prompt):
+    assert run_prompt(server.url, with_inputs(prompt, "LanternSampler", seed=41)).status == "success"
+    assert server.get("/lantern/status")["live_models"] >= 1
+    server.post("/free", {"unload_models": True, "free_memory": True})
+    for _ in range(100):
+        if server.get("/lantern/status")["live_models"] == 0:
+            break
+        time.sleep(0.1)
+    assert server.get("/lantern/status")["live_models"] == 0
+    assert run_prompt(server.url, with_inputs(prompt, "LanternSampler", seed=42)).status == "success"

@@ -1,0 +1,54 @@
+"""The web extension in a real browser: Debian's Chromium driven by Playwright against the real server.
+Loads the shipped example workflow into the editor, clicks Run like a user, and checks that the sampler
+node shows the stats text and a 16x16 heat map (rendered as text/DOM, never as HTML from the server)."""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+def test_stats_panel_and_heat_map_render_after_run(server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "install Debian's chromium (make browser)"
+    workflow = json.loads((REPO / "example_workflows" / "lantern_embedded_model.json").read_text())
+    for node in workflow["nodes"]:
+        if node["type"] == "LanternConditioning":
+            node["widgets_values"][0] = "cat"
+    errors = []
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(tempfile.mkdtemp(prefix="chromium-"), executable_path=CHROMIUM,
+                                                   headless=True, args=ARGS, viewport={"width": 1600, "height": 900})
+        page = ctx.new_page()
+        page.add_init_script("localStorage.setItem('vueNodesBannerDismissed', 'true')")
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(server.url, wait_until="domcontentloaded", timeout=90000)
+        page.wait_for_function("() => window.app?.graph && window.LiteGraph?.registered_node_types"
+                               " && 'LanternSampler' in window.LiteGraph.registered_node_types", timeout=120000)
+        assert page.evaluate("() => window.app.extensions.some(e => e.name === 'lantern.stats')")
+        page.evaluate("async (wf) => { await window.app.loadGraphData(wf); }", workflow)
+        sampler_id = page.evaluate("() => String(window.app.graph._nodes.find(n => n.type === 'LanternSampler').id)")
+        page.get_by_role("button", name="Run").first.click()
+        page.wait_for_selector(".lantern-stats .lantern-heatmap", timeout=300000)
+        info = page.evaluate("""() => {
+            const root = document.querySelector('.lantern-stats');
+            return {text: root.innerText, cells: root.querySelectorAll('.lantern-heatmap-cell').length,
+                    html: root.innerHTML.includes('<script')};
+        }""")
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(tmp_path / "ui.png"))
+        widgets = page.evaluate(f"() => window.app.graph.getNodeById({sampler_id}).widgets.map(w => w.name)")
+        ctx.close()
+    assert info["cells"] == 256, info
+    assert "tok/s" in info["text"] and "256 forward passes" in info["text"] and "for: cat" in info["text"]
+    assert "plain AR" in info["text"]
+    assert "lantern_stats" in widgets and not info["html"]
+    assert not errors, errors

@@ -1,0 +1,76 @@
+// LANTERN stats panel: after each run, the sampler nodes show their statistics and an acceptance heat map
+// (tokens accepted per forward pass, per token-grid cell) in a DOM widget. Everything is rendered with
+// textContent and styled elements: no HTML from the server is ever interpreted, no canvas drawing.
+import { app } from "../../scripts/app.js";
+
+const NODES = new Set(["LanternSampler", "LanternGenerate"]);
+const WIDGET = "lantern_stats";
+
+function cellColour(value, max) {
+  if (max <= 1) return "hsl(210, 25%, 45%)"; // plain AR: one token per forward everywhere
+  const t = Math.min(1, Math.max(0, (value - 1) / (max - 1)));
+  return `hsl(${Math.round(210 - 170 * t)}, 80%, ${Math.round(35 + 20 * t)}%)`;
+}
+
+function line(text, cls) {
+  const div = document.createElement("div");
+  div.className = cls;
+  div.textContent = text;
+  return div;
+}
+
+export function renderStats(root, stats) {
+  root.replaceChildren();
+  const fmt = (x, d) => (typeof x === "number" ? x.toFixed(d) : String(x));
+  root.append(line(`mode: ${stats.mode}`, "lantern-stats-mode"));
+  root.append(line(`${fmt(stats.tokens_per_s, 1)} tok/s · ${stats.forward_passes} forward passes · ` +
+                   `${stats.batch}×${stats.image_tokens} tokens in ${fmt(stats.wall_time_s, 2)} s`, "lantern-stats-speed"));
+  root.append(line(`mean accepted length ${fmt(stats.mean_accepted_length, 2)}` +
+                   (stats.speculative ? "" : " (plain AR: one token per forward)"), "lantern-stats-accept"));
+  if (Array.isArray(stats.conditions) && stats.conditions.length) {
+    root.append(line(`for: ${stats.conditions.join(", ")}`, "lantern-stats-conditions"));
+  }
+  const rows = Array.isArray(stats.heatmap) ? stats.heatmap : [];
+  if (!rows.length) return;
+  const side = rows[0].length;
+  const max = Math.max(1, ...rows.flat().map(Number));
+  const grid = document.createElement("div");
+  grid.className = "lantern-heatmap";
+  grid.style.cssText = `display:grid;grid-template-columns:repeat(${side},1fr);gap:0;width:100%;` +
+                       "aspect-ratio:1/1;margin-top:4px;border:1px solid #444";
+  for (const row of rows) {
+    for (const value of row) {
+      const cell = document.createElement("div");
+      cell.className = "lantern-heatmap-cell";
+      cell.title = `${Number(value)} token(s) accepted by this forward`;
+      cell.style.background = cellColour(Number(value), max);
+      grid.append(cell);
+    }
+  }
+  root.append(grid);
+  root.append(line(`heat map: tokens accepted per forward (max ${max})`, "lantern-stats-legend"));
+}
+
+app.registerExtension({
+  name: "lantern.stats",
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (!NODES.has(nodeData.name)) return;
+    const onExecuted = nodeType.prototype.onExecuted;
+    nodeType.prototype.onExecuted = function (output) {
+      const r = onExecuted?.apply(this, arguments);
+      const stats = output?.lantern_stats?.[0];
+      if (!stats) return r;
+      let widget = this.widgets?.find((w) => w.name === WIDGET);
+      if (!widget) {
+        const root = document.createElement("div");
+        root.className = "lantern-stats";
+        root.style.cssText = "font:11px monospace;color:var(--input-text,#ddd);padding:2px 4px;overflow:hidden";
+        widget = this.addDOMWidget(WIDGET, "lantern_stats", root, { serialize: false, hideOnZoom: false });
+      }
+      renderStats(widget.element, stats);
+      this.setSize?.([Math.max(this.size[0], 260), this.computeSize?.()[1] ?? this.size[1]]);
+      this.graph?.setDirtyCanvas?.(true, true);
+      return r;
+    };
+  },
+});
