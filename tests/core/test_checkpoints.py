@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import TINY_T2I, TINY_VQ, random_gpt, random_vq
+from tiny_models import TINY_T2I, TINY_VQ, random_gpt, random_vq
 from lantern_core.checkpoints import load_gpt, load_vq
 from lantern_core.config import GPTConfig, VQ_PRESETS, gpt_preset
 from lantern_core.errors import CheckpointError

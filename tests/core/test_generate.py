@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import TINY_C2I, TINY_GQA, random_gpt
+from tiny_models import TINY_C2I, TINY_GQA, random_gpt
 from lantern_core.conditioning import Condition, build_prefix
 from lantern_core.config import SamplingConfig
 from lantern_core.generate import generate

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import random_gpt
+from tiny_models import random_gpt
 from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.errors import CheckpointError
 from lantern_core.generate import generate

@@ -43,6 +43,8 @@ def test_stats_panel_and_heat_map_render_after_run(server, tmp_path):
             return {text: root.innerText, cells: root.querySelectorAll('.lantern-heatmap-cell').length,
                     html: root.innerHTML.includes('<script')};
         }""")
+        save_id = page.evaluate("() => String(window.app.graph._nodes.find(n => n.type === 'SaveImage').id)")
+        page.wait_for_function(f"() => window.app.nodeOutputs?.['{save_id}']?.images?.length > 0", timeout=300000)
         page.wait_for_timeout(500)
         page.screenshot(path=str(tmp_path / "ui.png"))
         widgets = page.evaluate(f"() => window.app.graph.getNodeById({sampler_id}).widgets.map(w => w.name)")

@@ -1,7 +1,7 @@
 // LANTERN stats panel: after each run, the sampler nodes show their statistics and an acceptance heat map
 // (tokens accepted per forward pass, per token-grid cell) in a DOM widget. Everything is rendered with
 // textContent and styled elements: no HTML from the server is ever interpreted, no canvas drawing.
-import { app } from "../../scripts/app.js";
+import { app } from "../../../scripts/app.js"; // served at /extensions/<pack>/js/
 
 const NODES = new Set(["LanternSampler", "LanternGenerate"]);
 const WIDGET = "lantern_stats";
@@ -65,7 +65,11 @@ app.registerExtension({
         const root = document.createElement("div");
         root.className = "lantern-stats";
         root.style.cssText = "font:11px monospace;color:var(--input-text,#ddd);padding:2px 4px;overflow:hidden";
-        widget = this.addDOMWidget(WIDGET, "lantern_stats", root, { serialize: false, hideOnZoom: false });
+        widget = this.addDOMWidget(WIDGET, "lantern_stats", root, {
+          serialize: false, // display only: never part of the saved widget values
+          hideOnZoom: false,
+          getMinHeight: () => 90 + Math.min(360, Math.max(120, (this.size?.[0] ?? 260) - 20)),
+        });
       }
       renderStats(widget.element, stats);
       this.setSize?.([Math.max(this.size[0], 260), this.computeSize?.()[1] ?? this.size[1]]);
