@@ -66,7 +66,8 @@ def run_generate(args: argparse.Namespace) -> dict:
             raise LanternError("this is a text-to-image model: pass --t5 FOLDER and at least one --prompt")
         from .text_encoder import T5CaptionEncoder
 
-        encoder = T5CaptionEncoder(args.t5, device=device, dtype=torch.float32 if dtype == torch.float32 else torch.bfloat16)
+        encoder = T5CaptionEncoder(args.t5, device=device, max_tokens=gpt.config.cls_token_num,
+                                   dtype=torch.float32 if dtype == torch.float32 else torch.bfloat16)
         prompts = [p for p in args.prompt for _ in range(args.batch)]
         condition = encoder.encode(prompts)
         labels_text = prompts

@@ -68,5 +68,5 @@ def pick_tokens(logits: torch.Tensor, config: SamplingConfig, generator: Generat
 
 
 def make_generators(seed: int, batch: int, device: torch.device | str = "cpu") -> list[torch.Generator]:
-    """One generator per sample, seeded seed, seed+1, ...: sample i equals a single run with seed+i."""
-    return [torch.Generator(device=device).manual_seed(seed + i) for i in range(batch)]
+    """One generator per sample, seeded seed, seed+1, ... (mod 2**64): sample i equals a single run with seed+i."""
+    return [torch.Generator(device=device).manual_seed((seed + i) % 2**64) for i in range(batch)]

@@ -37,13 +37,25 @@ def encode(model: LanternModel, class_text: str, prompt: str) -> LanternCond:
         return LanternCond(described, labels=torch.tensor(labels, dtype=torch.long))
     if not prompt.strip():
         raise LanternError(f"'{model.name}' is a text-to-image model: write a prompt")
-    device = runtime.place([model.text_encoder])
+    runtime.place([model.text_encoder])
     from ..lantern_core.text_encoder import T5CaptionEncoder
 
-    encoder = T5CaptionEncoder.from_parts(model.tokenizer, model.text_encoder.model)
+    encoder = T5CaptionEncoder.from_parts(model.tokenizer, model.text_encoder.model.inner,
+                                          max_tokens=model.config.cls_token_num)
     with torch.no_grad():
         cond = encoder.encode([prompt])
     return LanternCond([prompt], caption=cond.caption.cpu(), caption_mask=cond.caption_mask.cpu())
+
+
+def condition_inputs() -> list:
+    """The class/prompt widgets, shared with the one-node generator."""
+    return [
+        io.String.Input("class_name", default="0",
+                        tooltip="c2i models: class name or index, e.g. 'cat' or '207'; several separated "
+                                "by commas make a batch. Ignored by t2i models."),
+        io.String.Input("prompt", default="", multiline=True,
+                        tooltip="t2i models: the caption. Ignored by class-conditional models."),
+    ]
 
 
 class LanternConditioning(io.ComfyNode):
@@ -57,11 +69,7 @@ class LanternConditioning(io.ComfyNode):
                         "for several images); text-to-image models take the prompt.",
             inputs=[
                 LanternModelType.Input("model", tooltip="From Lantern: Load Model."),
-                io.String.Input("class_name", default="0",
-                                tooltip="c2i models: class name or index, e.g. 'cat' or '207'; several separated "
-                                        "by commas make a batch. Ignored by t2i models."),
-                io.String.Input("prompt", default="", multiline=True,
-                                tooltip="t2i models: the caption. Ignored by class-conditional models."),
+                *condition_inputs(),
             ],
             outputs=[LanternCondType.Output(display_name="conditioning", tooltip="Feed into Lantern: Sampler.")],
         )

@@ -5,7 +5,7 @@ from comfy_api.latest import io
 
 from ..lantern_core.config import SamplingConfig
 
-from .conditioning import encode
+from .conditioning import condition_inputs, encode
 from .decode import decode
 from .sampler import sample, sampling_inputs, stats_text
 from .types import LanternDecodingType, LanternModel, LanternModelType
@@ -22,11 +22,7 @@ class LanternGenerate(io.ComfyNode):
                         "Lantern: Conditioning -> Sampler -> Decode with the same settings.",
             inputs=[
                 LanternModelType.Input("model", tooltip="From Lantern: Load Model."),
-                io.String.Input("class_name", default="0",
-                                tooltip="c2i models: class name or index (comma-separated for several). "
-                                        "Ignored by t2i models."),
-                io.String.Input("prompt", default="", multiline=True,
-                                tooltip="t2i models: the caption. Ignored by class-conditional models."),
+                *condition_inputs(),
                 LanternDecodingType.Input("decoding", optional=True,
                                           tooltip="From Lantern: Decoding Config; plain AR when not connected."),
                 *sampling_inputs(),

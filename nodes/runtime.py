@@ -42,6 +42,14 @@ def choose_dtype(choice: str) -> torch.dtype:
     return torch.float32
 
 
+class Holder(torch.nn.Module):
+    """Wraps a module whose class forbids the attributes ModelPatcher sets (HF models' `device`)."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+
 def _patcher(module: torch.nn.Module) -> comfy.model_patcher.ModelPatcher:
     size = sum(p.numel() * p.element_size() for p in module.parameters())
     size += sum(b.numel() * b.element_size() for b in module.buffers())
@@ -71,7 +79,7 @@ def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, dt
 
             t5 = T5CaptionEncoder(text_encoder_path, device=offload,
                                   dtype=torch.float32 if dtype == torch.float32 else torch.bfloat16)
-            encoder, tokenizer = _patcher(t5.model), t5.tokenizer
+            encoder, tokenizer = _patcher(Holder(t5.model)), t5.tokenizer
         handle = LanternModel(name=name, gpt=_patcher(gpt.model), vq=_patcher(vq.model), text_encoder=encoder,
                               tokenizer=tokenizer, class_names=list(gpt.class_names or []), dtype=dtype)
         _REGISTRY[key] = handle

@@ -65,6 +65,8 @@ def test_per_row_generators_reproduce_single_streams():
     u = draw_uniforms(gens, 3, torch.device("cpu"))
     for i in range(3):
         assert u[i] == torch.rand(1, generator=torch.Generator().manual_seed(5 + i))[0]
+    top = make_generators(2**64 - 1, 2)  # ComfyUI seeds go up to 2**64 - 1; the next sample wraps to 0
+    assert torch.rand(1, generator=top[1]) == torch.rand(1, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="one per sample"):
         draw_uniforms(make_generators(0, 2), 3, torch.device("cpu"))
 
