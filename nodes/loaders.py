@@ -38,6 +38,24 @@ class LanternModelLoader(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, checkpoint: str, vq_tokenizer: str, text_encoder: str, dtype: str) -> bool | str:
+        """Reject missing files before anything runs (ComfyUI shows the message on the node)."""
+        from ..lantern_core.errors import LanternError
+
+        try:
+            if checkpoint != paths.EMBEDDED:
+                paths.resolve("lantern_checkpoints", checkpoint)
+            if vq_tokenizer != "auto":
+                paths.resolve("lantern_vq", vq_tokenizer)
+            if text_encoder != paths.NONE:
+                paths.resolve("lantern_text_encoders", text_encoder)
+        except LanternError as exc:
+            return str(exc)
+        if dtype not in ("auto", "bf16", "fp16", "fp32"):
+            return f"dtype must be auto, bf16, fp16 or fp32, not {dtype!r}"
+        return True
+
+    @classmethod
     def execute(cls, checkpoint: str, vq_tokenizer: str, text_encoder: str, dtype: str) -> io.NodeOutput:
         from ..lantern_core.errors import LanternError
 

@@ -160,3 +160,15 @@ def test_models_are_registered_with_model_management(mm, node, model):
     mm.unload_all_models()
     assert model.gpt not in [m.model for m in mm.current_loaded_models]
     assert run_sampler(node, model, seed=0).args[0].tokens.shape == (1, 256)  # reloads on demand
+
+
+def test_loader_validation_names_the_folder_before_running(pack, node):
+    loader = node["LanternModelLoader"]
+    embedded = pack.nodes.paths.EMBEDDED
+    assert loader.validate_inputs(checkpoint=embedded, vq_tokenizer="auto", text_encoder="none", dtype="auto") is True
+    message = loader.validate_inputs(checkpoint="c2i_B_256.pt", vq_tokenizer="auto", text_encoder="none",
+                                     dtype="auto")
+    assert isinstance(message, str) and "c2i_B_256.pt" in message and "lantern_checkpoints" in message
+    message = loader.validate_inputs(checkpoint=embedded, vq_tokenizer="vq_ds16_c2i.pt", text_encoder="none",
+                                     dtype="auto")
+    assert "lantern_vq" in message

@@ -102,15 +102,28 @@ def test_cancel_stops_the_run_and_the_next_run_succeeds(server, prompt):
     assert after.status == "success"
 
 
-def test_bad_inputs_are_node_errors_and_the_server_keeps_running(server, prompt):
-    result = run_prompt(server.url, with_inputs(prompt, "LanternConditioning", class_name="dog"))
+@pytest.mark.parametrize("node_type,inputs", [
+    ("LanternModelLoader", {"checkpoint": "c2i_B_256.pt"}),  # a file that is not in models/lantern
+    ("LanternSampler", {"top_k": 0, "top_p": 0.0}),
+    ("LanternSampler", {"batch_size": 0}),
+    ("LanternSampler", {"cfg": "strong"}),  # wrong type
+    ("LanternSampler", {"seed": -1}),
+], ids=["missing-file", "top_k0-top_p0", "batch0", "wrong-type", "negative-seed"])
+def test_invalid_inputs_are_rejected_before_running(server, prompt, node_type, inputs):
+    with pytest.raises(ValueError, match="node_errors") as err:
+        run_prompt(server.url, with_inputs(prompt, node_type, **inputs))
+    assert node_type in str(err.value)
+    assert server.get("/system_stats")["system"]
+
+
+@pytest.mark.parametrize("class_name,fragment", [("dog", "astronaut"), ("99", "0..7")])
+def test_bad_classes_are_node_errors_that_name_the_fix(server, prompt, class_name, fragment):
+    result = run_prompt(server.url, with_inputs(prompt, "LanternConditioning", class_name=class_name))
     assert result.status == "error"
     error = result.of_type("execution_error")[0]
     assert error["node_type"] == "LanternConditioning"
-    assert "dog" in error["exception_message"] and "astronaut" in error["exception_message"]
-    with pytest.raises(ValueError, match="node_errors"):
-        run_prompt(server.url, with_inputs(prompt, "LanternSampler", top_p=7.0))
-    assert server.get("/system_stats")["system"]
+    assert class_name in error["exception_message"] and fragment in error["exception_message"]
+    assert run_prompt(server.url, with_inputs(prompt, "LanternSampler", seed=51)).status == "success"
 
 
 def test_free_releases_models(server, prompt):

@@ -15,7 +15,10 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 
 
-def test_stats_panel_and_heat_map_render_after_run(server, tmp_path):
+ARTIFACTS = REPO / "tests" / "artifacts"  # screenshots for people to look at; git-ignored
+
+
+def test_stats_panel_and_heat_map_render_after_run(server):
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), "install Debian's chromium (make browser)"
@@ -45,10 +48,13 @@ def test_stats_panel_and_heat_map_render_after_run(server, tmp_path):
         }""")
         save_id = page.evaluate("() => String(window.app.graph._nodes.find(n => n.type === 'SaveImage').id)")
         page.wait_for_function(f"() => window.app.nodeOutputs?.['{save_id}']?.images?.length > 0", timeout=300000)
+        saved = page.evaluate(f"() => window.app.nodeOutputs['{save_id}'].images[0]")
         page.wait_for_timeout(500)
-        page.screenshot(path=str(tmp_path / "ui.png"))
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui_stats_heatmap.png"))
         widgets = page.evaluate(f"() => window.app.graph.getNodeById({sampler_id}).widgets.map(w => w.name)")
         ctx.close()
+    assert saved["type"] == "output" and saved["filename"].endswith(".png")
     assert info["cells"] == 256, info
     assert "tok/s" in info["text"] and "256 forward passes" in info["text"] and "for: cat" in info["text"]
     assert "plain AR" in info["text"]
