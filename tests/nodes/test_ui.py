@@ -18,7 +18,8 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 ARTIFACTS = REPO / "tests" / "artifacts"  # screenshots for people to look at; git-ignored
 
 
-def test_stats_panel_and_heat_map_render_after_run(server):
+@pytest.mark.parametrize("vue_nodes", [False, True], ids=["litegraph-nodes", "vue-nodes"])
+def test_stats_panel_and_heat_map_render_after_run(server, vue_nodes):
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), "install Debian's chromium (make browser)"
@@ -26,6 +27,9 @@ def test_stats_panel_and_heat_map_render_after_run(server):
     for node in workflow["nodes"]:
         if node["type"] == "LanternConditioning":
             node["widgets_values"][0] = "cat"
+        if node["type"] == "LanternSampler":  # a seed of its own: an identical prompt would be served from cache
+            node["widgets_values"][4] = 100 + int(vue_nodes)
+    server.post("/api/settings/Comfy.VueNodes.Enabled", vue_nodes)
     errors = []
     with sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(tempfile.mkdtemp(prefix="chromium-"), executable_path=CHROMIUM,
@@ -40,23 +44,26 @@ def test_stats_panel_and_heat_map_render_after_run(server):
         page.evaluate("async (wf) => { await window.app.loadGraphData(wf); }", workflow)
         sampler_id = page.evaluate("() => String(window.app.graph._nodes.find(n => n.type === 'LanternSampler').id)")
         page.get_by_role("button", name="Run").first.click()
-        page.wait_for_selector(".lantern-stats .lantern-heatmap", timeout=300000)
+        page.wait_for_selector(".lantern-stats .lantern-heatmap", timeout=150000)
         info = page.evaluate("""() => {
             const root = document.querySelector('.lantern-stats');
             return {text: root.innerText, cells: root.querySelectorAll('.lantern-heatmap-cell').length,
                     html: root.innerHTML.includes('<script')};
         }""")
         save_id = page.evaluate("() => String(window.app.graph._nodes.find(n => n.type === 'SaveImage').id)")
-        page.wait_for_function(f"() => window.app.nodeOutputs?.['{save_id}']?.images?.length > 0", timeout=300000)
+        page.wait_for_function(f"() => window.app.nodeOutputs?.['{save_id}']?.images?.length > 0", timeout=150000)
         saved = page.evaluate(f"() => window.app.nodeOutputs['{save_id}'].images[0]")
         page.wait_for_timeout(500)
         ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "ui_stats_heatmap.png"))
+        page.screenshot(path=str(ARTIFACTS / f"ui_stats_heatmap_{'vue' if vue_nodes else 'litegraph'}.png"))
         widgets = page.evaluate(f"() => window.app.graph.getNodeById({sampler_id}).widgets.map(w => w.name)")
+        saved_workflow = page.evaluate("() => window.app.graph.serialize()")
         ctx.close()
     assert saved["type"] == "output" and saved["filename"].endswith(".png")
     assert info["cells"] == 256, info
     assert "tok/s" in info["text"] and "256 forward passes" in info["text"] and "for: cat" in info["text"]
     assert "plain AR" in info["text"]
     assert "lantern_stats" in widgets and not info["html"]
+    sampler = next(n for n in saved_workflow["nodes"] if n["type"] == "LanternSampler")
+    assert len(sampler["widgets_values"]) == 7  # the stats widget is never saved into the workflow
     assert not errors, errors

@@ -51,26 +51,38 @@ export function renderStats(root, stats) {
   root.append(line(`heat map: tokens accepted per forward (max ${max})`, "lantern-stats-legend"));
 }
 
+function addStatsWidget(node) {
+  const root = document.createElement("div");
+  root.className = "lantern-stats";
+  root.style.cssText = "font:11px monospace;color:var(--input-text,#ddd);padding:2px 4px;overflow:hidden";
+  root.append(line("run the graph to see speed and acceptance here", "lantern-stats-empty"));
+  const widget = node.addDOMWidget(WIDGET, "lantern_stats", root, {
+    serialize: false, // display only: never part of the saved widget values
+    hideOnZoom: false,
+    getMinHeight: () => 90 + Math.min(360, Math.max(120, (node.size?.[0] ?? 260) - 20)),
+  });
+  widget.serialize = false; // LiteGraph reads this flag when it writes widgets_values
+  return widget;
+}
+
 app.registerExtension({
   name: "lantern.stats",
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!NODES.has(nodeData.name)) return;
+    // The widget exists from creation on (both LiteGraph and Vue node rendering mount it then);
+    // runs only replace its contents.
+    const onNodeCreated = nodeType.prototype.onNodeCreated;
+    nodeType.prototype.onNodeCreated = function () {
+      const r = onNodeCreated?.apply(this, arguments);
+      addStatsWidget(this);
+      return r;
+    };
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (output) {
       const r = onExecuted?.apply(this, arguments);
       const stats = output?.lantern_stats?.[0];
       if (!stats) return r;
-      let widget = this.widgets?.find((w) => w.name === WIDGET);
-      if (!widget) {
-        const root = document.createElement("div");
-        root.className = "lantern-stats";
-        root.style.cssText = "font:11px monospace;color:var(--input-text,#ddd);padding:2px 4px;overflow:hidden";
-        widget = this.addDOMWidget(WIDGET, "lantern_stats", root, {
-          serialize: false, // display only: never part of the saved widget values
-          hideOnZoom: false,
-          getMinHeight: () => 90 + Math.min(360, Math.max(120, (this.size?.[0] ?? 260) - 20)),
-        });
-      }
+      const widget = this.widgets?.find((w) => w.name === WIDGET) ?? addStatsWidget(this);
       renderStats(widget.element, stats);
       this.setSize?.([Math.max(this.size[0], 260), this.computeSize?.()[1] ?? this.size[1]]);
       this.graph?.setDirtyCanvas?.(true, true);
