@@ -1,0 +1,23 @@
+"""The benchmark code paths (not their speed): AR vs bare forward rows, the verify-n cost curve and the
+report, on a tiny model in bf16 (the dtype the CUDA variant uses)."""
+import torch
+
+from lantern_core import bench
+from tiny_models import TINY_C2I
+
+
+def test_bench_rows_and_report_on_a_tiny_bf16_model():
+    model = bench.random_model(TINY_C2I, "cpu", torch.bfloat16)
+    assert model.tok_embeddings.weight.dtype == torch.bfloat16 and model.rope_table.dtype == torch.float32
+    row = bench.bench_ar(model, "tiny", batch=2, cfg_scale=4.0, repeats=1)
+    assert row.rows == 4 and row.tokens == 16 and row.gen_ms_per_step > 0 and row.bare_ms_per_step > 0
+    curve = bench.bench_verify(model, "tiny", rows=2, repeats=1)
+    # a 4x4 grid at mid-image leaves room for 8 more tokens: larger windows are skipped, not overrun
+    assert [r.n_tokens for r in curve] == [1, 4, 8] and curve[0].relative_to_n1 == 1.0
+    from dataclasses import asdict
+
+    report = {"device": "cpu", "dtype": "bfloat16", "torch": torch.__version__, "threads": 1, "cfg_scale": 4.0,
+              "machine": "test", "date": "today", "ar": [asdict(row)], "verify": [asdict(r) for r in curve]}
+    text = bench.markdown(report)
+    assert "| tiny | 2 | 4 | 16 |" in text and "Worst overhead" in text
+    assert set(bench.PROFILES) == {"cpu", "cuda"}
