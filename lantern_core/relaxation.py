@@ -1,0 +1,58 @@
+"""LANTERN's latent relaxation of a target distribution, vectorised over candidates.
+
+For a drafted token x with latent neighbours n_1..n_k (nearest first), the relaxed probability moves
+the mass of the longest nearest-first prefix A of B_k(x) onto x: p~(x) = p(x) + S_m*, with
+S_m = p(n_1) + ... + p(n_m) and m* the largest m whose S_m fits the budget:
+  LANTERN   (delta, an absolute total-variation budget):  S_m <= delta          => TVD(p, p~) = S_m* <= delta
+  LANTERN++ (lambda >= 1, a multiplicative bound):        S_m <= (lambda-1) p(x) => p~(x) <= lambda p(x)
+delta = 0 and lambda = 1 give p~ = p. Acceptance rules (exact, greedy, relaxed) build on this; they are
+not here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    k: int
+    delta: float | None = None  # LANTERN: absolute TVD budget in [0, 1]
+    lam: float | None = None  # LANTERN++: multiplicative bound >= 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or self.k < 0:
+            raise ConfigError("lantern k", "an integer >= 0 (neighbours per token)", self.k)
+        if (self.delta is None) == (self.lam is None):
+            raise ConfigError("relaxation", "exactly one of delta (LANTERN) or lambda (LANTERN++)",
+                              {"delta": self.delta, "lambda": self.lam})
+        if self.delta is not None and not 0.0 <= self.delta <= 1.0:
+            raise ConfigError("delta", "a total-variation budget in [0, 1]", self.delta)
+        if self.lam is not None and not self.lam >= 1.0:
+            raise ConfigError("lambda", "a multiplicative bound >= 1", self.lam)
+
+
+@dataclass
+class RelaxedMass:
+    probability: torch.Tensor  # (N,) p~(x) for each candidate
+    absorbed: torch.Tensor  # (N,) S_m*: mass moved onto x (= TVD(p, p~))
+    count: torch.Tensor  # (N,) m*: how many neighbours were absorbed
+
+
+def relax(probs: torch.Tensor, tokens: torch.Tensor, neighbors: torch.Tensor, rule: Relaxation) -> RelaxedMass:
+    """probs (N, V) target distributions, tokens (N,) candidates, neighbors (V, >=k) -> p~(tokens)."""
+    p_x = probs.gather(1, tokens[:, None])[:, 0]  # (N,)
+    if rule.k == 0:
+        zero = torch.zeros_like(p_x)
+        return RelaxedMass(p_x, zero, zero.long())
+    near = neighbors[tokens, : rule.k].to(probs.device)  # (N, k)
+    prefix = probs.gather(1, near).cumsum(1)  # (N, k): S_1 .. S_k
+    budget = prefix.new_full(p_x.shape, rule.delta) if rule.delta is not None else (rule.lam - 1.0) * p_x
+    fits = prefix <= budget[:, None]  # monotone in m: a prefix of True
+    count = fits.sum(1)  # m*
+    absorbed = torch.where(count > 0, prefix.gather(1, (count - 1).clamp(min=0)[:, None])[:, 0],
+                           torch.zeros_like(p_x))
+    return RelaxedMass(p_x + absorbed, absorbed, count)
