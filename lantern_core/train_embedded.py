@@ -339,15 +339,22 @@ real LlamaGen checkpoint for real images.
 
 
 def main(argv: list[str] | None = None) -> dict:
+    # Tiny gradients and Adam moments turn into denormal floats, which made CPU steps ~10x slower late
+    # in training. Flushing them to zero is a process-wide switch: on for the run, off again after.
+    torch.set_flush_denormal(True)
+    try:
+        return train(argv)
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def train(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every step count (smoke tests)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    # Tiny gradients and Adam moments turn into denormal floats, which made CPU steps ~10x slower
-    # late in training. Flushing them to zero is a process-wide switch, fine for this script.
-    torch.set_flush_denormal(True)
     schedule = Schedule().scaled(args.scale) if args.scale != 1.0 else Schedule()
     record: dict = {"seed": args.seed, "schedule": schedule.__dict__, "torch": torch.__version__,
                     "threads": torch.get_num_threads(), "classes": [name for name, _ in PHOTOS]}

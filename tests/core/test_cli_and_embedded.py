@@ -111,3 +111,5 @@ def test_training_script_smoke_run_is_deterministic(tmp_path):
     assert all(torch.equal(ta[k], tb[k]) for k in ta)
     assert (tmp_path / "a" / "samples.png").stat().st_size > 0
     assert json.loads((tmp_path / "a" / "training_log.json").read_text())["seed"] == 1
+    tiny = torch.tensor([1e-40], dtype=torch.float32)  # the script's flush-to-zero must not leak out
+    assert tiny.item() != 0.0
