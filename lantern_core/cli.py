@@ -64,10 +64,10 @@ def run_generate(args: argparse.Namespace) -> dict:
     if gpt.config.model_type == "t2i":
         if args.t5 is None or not args.prompt:
             raise LanternError("this is a text-to-image model: pass --t5 FOLDER and at least one --prompt")
-        from .text_encoder import T5CaptionEncoder
+        from .text_encoder import T5CaptionEncoder, text_encoder_dtype
 
         encoder = T5CaptionEncoder(args.t5, device=device, max_tokens=gpt.config.cls_token_num,
-                                   dtype=torch.float32 if dtype == torch.float32 else torch.bfloat16)
+                                   dtype=text_encoder_dtype(dtype))
         prompts = [p for p in args.prompt for _ in range(args.batch)]
         condition = encoder.encode(prompts)
         labels_text = prompts

@@ -22,6 +22,11 @@ T5_FIX = ("put the google/flan-t5-xl files (config.json, model.safetensors or it
           "ComfyUI/models/lantern/text_encoders/flan-t5-xl")
 
 
+def text_encoder_dtype(gpt_dtype: torch.dtype) -> torch.dtype:
+    """T5 runs in fp32 beside an fp32 GPT, else in bf16 (T5 activations overflow fp16)."""
+    return torch.float32 if gpt_dtype == torch.float32 else torch.bfloat16
+
+
 def clean_prompt(text: str) -> str:
     text = html.unescape(html.unescape(text))
     return re.sub(r"\s+", " ", text).strip()

@@ -3,11 +3,9 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..lantern_core.config import SamplingConfig
-
 from .conditioning import condition_inputs, encode
 from .decode import decode
-from .sampler import sample, sampling_inputs, stats_text
+from .sampler import sample, sampling_config, sampling_inputs, stats_text
 from .types import LanternDecodingType, LanternModel, LanternModelType
 
 
@@ -34,6 +32,6 @@ class LanternGenerate(io.ComfyNode):
     @classmethod
     def execute(cls, model: LanternModel, class_name: str, prompt: str, cfg: float, temperature: float,
                 top_k: int, top_p: float, seed: int, batch_size: int, decoding=None) -> io.NodeOutput:
-        sampling = SamplingConfig(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p)
+        sampling = sampling_config(cfg, temperature, top_k, top_p)
         tokens, payload = sample(model, encode(model, class_name, prompt), decoding, sampling, seed, batch_size)
         return io.NodeOutput(decode(tokens), stats_text(payload), ui={"lantern_stats": [payload]})

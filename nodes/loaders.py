@@ -1,6 +1,8 @@
 """LanternModelLoader: target checkpoint + VQ tokenizer (+ text encoder for t2i) -> LANTERN_MODEL."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from comfy_api.latest import io
 
 from . import paths, runtime
@@ -10,6 +12,22 @@ DESCRIPTION = ("Loads a visual autoregressive model (LlamaGen c2i/t2i, or the em
                "tokenizer and, for text-to-image models, its Flan-T5 text encoder. Size, type and grid are read "
                "from the files. Files go in models/lantern/checkpoints, models/lantern/vq and "
                "models/lantern/text_encoders.")
+
+
+DTYPE_CHOICES = ["auto", *runtime.DTYPES]
+
+
+def resolve_files(checkpoint: str, vq_tokenizer: str, text_encoder: str) -> tuple[Path, Path, Path | None]:
+    """Combo choices -> (GPT, VQ, T5 or None) paths, or a LanternError that names the folder to use."""
+    from ..lantern_core.errors import LanternError
+
+    gpt_path = paths.resolve("lantern_checkpoints", checkpoint)  # a missing checkpoint is reported first
+    if vq_tokenizer == "auto" and checkpoint != paths.EMBEDDED:
+        raise LanternError(f"choose the VQ tokenizer for '{checkpoint}' in vq_tokenizer (put vq_ds16_c2i.pt or "
+                           "vq_ds16_t2i.pt in models/lantern/vq); 'auto' only fits the embedded model")
+    vq_path = paths.resolve("lantern_vq", paths.EMBEDDED if vq_tokenizer == "auto" else vq_tokenizer)
+    t5_path = None if text_encoder == paths.NONE else paths.resolve("lantern_text_encoders", text_encoder)
+    return gpt_path, vq_path, t5_path
 
 
 class LanternModelLoader(io.ComfyNode):
@@ -30,7 +48,7 @@ class LanternModelLoader(io.ComfyNode):
                 io.Combo.Input("text_encoder", options=paths.list_text_encoders(), default=paths.NONE,
                                tooltip="Flan-T5-XL folder in models/lantern/text_encoders; needed by "
                                        "text-to-image models, ignored by class-conditional ones."),
-                io.Combo.Input("dtype", options=["auto", "bf16", "fp16", "fp32"], default="auto",
+                io.Combo.Input("dtype", options=DTYPE_CHOICES, default="auto",
                                tooltip="Weight precision. 'auto' follows ComfyUI: bf16 on GPUs that support it, "
                                        "fp32 on CPU."),
             ],
@@ -39,36 +57,19 @@ class LanternModelLoader(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, checkpoint: str, vq_tokenizer: str, text_encoder: str, dtype: str) -> bool | str:
-        """Reject missing files before anything runs (ComfyUI shows the message on the node)."""
+        """Reject missing files and misfits before anything runs (ComfyUI shows the message on the node)."""
         from ..lantern_core.errors import LanternError
 
+        if dtype not in DTYPE_CHOICES:
+            return f"dtype must be one of {DTYPE_CHOICES}, not {dtype!r}"
         try:
-            if checkpoint != paths.EMBEDDED:
-                paths.resolve("lantern_checkpoints", checkpoint)
-            if vq_tokenizer != "auto":
-                paths.resolve("lantern_vq", vq_tokenizer)
-            if text_encoder != paths.NONE:
-                paths.resolve("lantern_text_encoders", text_encoder)
+            resolve_files(checkpoint, vq_tokenizer, text_encoder)
         except LanternError as exc:
             return str(exc)
-        if dtype not in ("auto", "bf16", "fp16", "fp32"):
-            return f"dtype must be auto, bf16, fp16 or fp32, not {dtype!r}"
         return True
 
     @classmethod
     def execute(cls, checkpoint: str, vq_tokenizer: str, text_encoder: str, dtype: str) -> io.NodeOutput:
-        from ..lantern_core.errors import LanternError
-
-        gpt_path = paths.resolve("lantern_checkpoints", checkpoint)
-        if vq_tokenizer == "auto":
-            if checkpoint != paths.EMBEDDED:
-                raise LanternError(f"choose the VQ tokenizer for '{checkpoint}' in vq_tokenizer (put "
-                                   "vq_ds16_c2i.pt or vq_ds16_t2i.pt in models/lantern/vq); 'auto' only fits "
-                                   "the embedded model")
-            vq_path = paths.resolve("lantern_vq", paths.EMBEDDED)
-        else:
-            vq_path = paths.resolve("lantern_vq", vq_tokenizer)
-        t5_path = None if text_encoder == paths.NONE else paths.resolve("lantern_text_encoders", text_encoder)
+        gpt_path, vq_path, t5_path = resolve_files(checkpoint, vq_tokenizer, text_encoder)
         model = runtime.load_model(gpt_path, vq_path, t5_path, runtime.choose_dtype(dtype), name=checkpoint)
         return io.NodeOutput(model)
-

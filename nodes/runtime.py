@@ -75,10 +75,9 @@ def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, dt
 
                 raise LanternError(f"'{name}' is a text-to-image model: choose its Flan-T5-XL folder in "
                                    "text_encoder (put google/flan-t5-xl in models/lantern/text_encoders/)")
-            from ..lantern_core.text_encoder import T5CaptionEncoder
+            from ..lantern_core.text_encoder import T5CaptionEncoder, text_encoder_dtype
 
-            t5 = T5CaptionEncoder(text_encoder_path, device=offload,
-                                  dtype=torch.float32 if dtype == torch.float32 else torch.bfloat16)
+            t5 = T5CaptionEncoder(text_encoder_path, device=offload, dtype=text_encoder_dtype(dtype))
             encoder, tokenizer = _patcher(Holder(t5.model)), t5.tokenizer
         handle = LanternModel(name=name, gpt=_patcher(gpt.model), vq=_patcher(vq.model), text_encoder=encoder,
                               tokenizer=tokenizer, class_names=list(gpt.class_names or []), dtype=dtype)

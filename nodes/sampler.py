@@ -35,6 +35,11 @@ def sampling_inputs() -> list:
     ]
 
 
+def sampling_config(cfg: float, temperature: float, top_k: int, top_p: float) -> SamplingConfig:
+    """The widgets of `sampling_inputs` -> the core's validated SamplingConfig."""
+    return SamplingConfig(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p)
+
+
 def expand(cond: LanternCond, batch_size: int) -> tuple[Condition, list[str]]:
     """Repeat every conditioning entry batch_size times (entry-major)."""
     desc = [d for d in cond.description for _ in range(batch_size)]
@@ -123,6 +128,6 @@ class LanternSampler(io.ComfyNode):
     @classmethod
     def execute(cls, model: LanternModel, conditioning: LanternCond, cfg: float, temperature: float, top_k: int,
                 top_p: float, seed: int, batch_size: int, decoding: LanternDecoding | None = None) -> io.NodeOutput:
-        sampling = SamplingConfig(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p)
+        sampling = sampling_config(cfg, temperature, top_k, top_p)
         tokens, payload = sample(model, conditioning, decoding, sampling, seed, batch_size)
         return io.NodeOutput(tokens, stats_text(payload), ui={"lantern_stats": [payload]})
