@@ -195,3 +195,64 @@ class SamplingConfig:
     def cfg_active(self, step: int) -> bool:
         """Whether guidance applies when sampling image token number `step` (0-based)."""
         return self.uses_cfg and (self.cfg_interval < 0 or step <= self.cfg_interval + 1)
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Shape of an EAGLE-style one-layer feature drafter for a LlamaGen target (LANTERN's `cnets_llamagen`).
+
+    `cls_token_num` is the drafter's own prefix length, one less than the target's (119 for t2i, 0 for
+    c2i): drafter position s pairs the target feature f_s with token x_{s+1}, so the token gets the same
+    grid coordinate it has in the target.
+    """
+
+    dim: int = 1280
+    n_head: int = 20
+    n_kv_head: int | None = None
+    ffn_dim: int = 3584
+    vocab_size: int = 16384
+    grid_size: int = 16
+    cls_token_num: int = 119
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-6
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_kv_head is None:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        for name in ("dim", "n_head", "n_kv_head", "ffn_dim", "vocab_size", "grid_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"DrafterConfig.{name}", "a positive integer", value)
+        if not isinstance(self.cls_token_num, int) or self.cls_token_num < 0:
+            raise ConfigError("DrafterConfig.cls_token_num", "an integer >= 0", self.cls_token_num)
+        if self.dim % self.n_head or (self.dim // self.n_head) % 4:
+            raise ConfigError("DrafterConfig.n_head", f"a divisor of dim={self.dim} leaving a head size "
+                              "divisible by 4", self.n_head)
+
+    @classmethod
+    def for_target(cls, target: GPTConfig, ffn_dim: int | None = None) -> "DrafterConfig":
+        """The drafter LANTERN pairs with `target`: same width, heads, vocab and grid, prefix one shorter."""
+        return cls(dim=target.dim, n_head=target.n_head, n_kv_head=target.n_kv_head,
+                   ffn_dim=ffn_dim or target.ffn_dim, vocab_size=target.vocab_size, grid_size=target.grid_size,
+                   cls_token_num=target.cls_token_num - 1, rope_base=target.rope_base)
+
+    def block_config(self) -> GPTConfig:
+        """The shared decoder-block shape (one layer of the target's kind)."""
+        return GPTConfig(dim=self.dim, n_layer=1, n_head=self.n_head, n_kv_head=self.n_kv_head,
+                         ffn_dim=self.ffn_dim, vocab_size=self.vocab_size, grid_size=self.grid_size,
+                         rope_base=self.rope_base, norm_eps=self.norm_eps)
+
+    def mismatches(self, target: GPTConfig) -> list[str]:
+        """What keeps this drafter from serving `target` (empty when it fits)."""
+        problems = []
+        for name, mine, theirs in (("hidden size", self.dim, target.dim),
+                                   ("vocabulary", self.vocab_size, target.vocab_size),
+                                   ("token grid", self.grid_size, target.grid_size),
+                                   ("prefix length + 1", self.cls_token_num + 1, target.cls_token_num)):
+            if mine != theirs:
+                problems.append(f"{name} {mine} (target: {theirs})")
+        return problems
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -14,20 +14,26 @@ from .models.kv_cache import KVCache
 from .tree import TreeBuffers
 
 
-def tree_mask(key_valid: torch.Tensor, length: int, buffers: TreeBuffers) -> torch.Tensor:
-    """(rows, 1, n+1, length + n+1) bool: prefix keys by validity, tree keys by ancestry."""
-    rows, n1 = key_valid.shape[0], buffers.mask.shape[0]
+def tree_mask(key_valid: torch.Tensor, length: int, buffers) -> torch.Tensor:
+    """(rows, 1, n+1, length + n+1) bool: prefix keys by validity, tree keys by ancestry. The ancestry
+    mask is (n+1, n+1) shared by every row, or (G, n+1, n+1) per tree (rows = [cond trees; uncond trees])."""
+    rows, n1 = key_valid.shape[0], buffers.mask.shape[-1]
     prefix = key_valid[:, None, :length].expand(rows, n1, length)
-    tree = buffers.mask.to(key_valid.device)[None].expand(rows, n1, n1)
+    m = buffers.mask.to(key_valid.device)
+    tree = m[None].expand(rows, n1, n1) if m.dim() == 2 else m.repeat(rows // m.shape[0], 1, 1)
     return torch.cat([prefix, tree], dim=-1)[:, None]
 
 
 def forward_tree(model: LlamaGenGPT, cache: KVCache, key_valid: torch.Tensor, length: int,
-                 tokens: torch.Tensor, buffers: TreeBuffers) -> torch.Tensor:
-    """tokens (rows, n+1) in tree order -> final hidden states (rows, n+1, dim); writes their K/V."""
+                 tokens: torch.Tensor, buffers) -> torch.Tensor:
+    """tokens (rows, n+1) in tree order -> final hidden states (rows, n+1, dim); writes their K/V.
+    `buffers` is a TreeBuffers or DraftTree: depths (n+1,) or per tree (G, n+1), and the ancestry mask."""
     device = tokens.device
-    n1 = tokens.shape[1]
-    positions = length + buffers.depths.to(device)  # RoPE rows: siblings share one
+    rows, n1 = tokens.shape
+    depths = buffers.depths.to(device)
+    if depths.dim() == 2:
+        depths = depths.repeat(rows // depths.shape[0], 1)  # (rows, n+1)
+    positions = (length + depths).clamp(max=model.rope_table.shape[0] - 1)  # siblings share a RoPE row
     slots = length + torch.arange(n1, device=device)
     step = ForwardStep(positions, cache, kv_len=length + n1, mask=tree_mask(key_valid, length, buffers), slots=slots)
     return model(model.embed_tokens(tokens), step)

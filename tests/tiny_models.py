@@ -40,3 +40,15 @@ def random_vq(config: VQConfig = TINY_VQ, seed: int = 0) -> VQModel:
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.1)
     return model.eval()
+
+
+def random_drafter(target: LlamaGenGPT, seed: int = 1, std: float = 0.1):
+    """A random EAGLE drafter that fits `target` (rarely accepted: exercises every rejection path)."""
+    from lantern_core.config import DrafterConfig
+    from lantern_core.models.drafter import EagleDrafter
+
+    drafter = EagleDrafter(DrafterConfig.for_target(target.config, ffn_dim=96))
+    drafter.init_from_target(target, torch.Generator().manual_seed(seed), std=std)
+    with torch.no_grad():
+        drafter.layers[0].ffn_norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(seed))
+    return drafter.eval()

@@ -1,0 +1,190 @@
+"""Reading and writing EAGLE / LANTERN drafters in the released layout, strictly.
+
+Released LlamaGen drafters (`jadohu/llamagen_drafter`, `jadohu/llamagen2_drafter`) are a folder with
+`config.json` + `pytorch_model.bin` (HF names: `embed_tokens`, `fc`, `layers.0.self_attn.{q,k,v,o}_proj`,
+`layers.0.mlp.{gate,up,down}_proj`, `layers.0.post_attention_layernorm`). We also read `model.safetensors`
+in that folder, or a single `.safetensors`/`.bin` file (then the config comes from our metadata or is
+inferred from the weights and the target). Names are mapped onto `EagleDrafter` (q/k/v fused into the
+shared block's `wqkv`); any missing, extra or mis-shaped tensor, and any drafter that does not fit the
+target, is a `CheckpointError`. `save_drafter` writes config.json + model.safetensors in the released names.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .checkpoint_io import read_checkpoint, write_safetensors
+from .checkpoints import load_state_strict, strip_prefixes
+from .config import HEADS_BY_DIM, DrafterConfig, GPTConfig
+from .errors import CheckpointError, ConfigError
+from .models.drafter import EagleDrafter
+
+DRAFTER_FIX = ("choose the drafter trained for this target model (a folder with config.json + "
+               "pytorch_model.bin or model.safetensors, e.g. jadohu/llamagen_drafter for LlamaGen-T2I stage I), "
+               "or train one with `python -m lantern_core.train_drafter`")
+# LANTERN's `input_type` -> (grid side, drafter prefix length)
+INPUT_TYPES = {"t2i": (16, 119), "t2i2": (32, 119), "c2i": (24, 0)}
+MLP_MAP = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+@dataclass
+class LoadedDrafter:
+    model: EagleDrafter
+    config: DrafterConfig
+    source_format: str  # "released-folder", "safetensors", ...
+
+
+def released_to_internal(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    qkv: dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        m = re.fullmatch(r"layers\.0\.(self_attn|mlp)\.(\w+)\.weight", key)
+        if m and m.group(1) == "self_attn" and m.group(2) in ("q_proj", "k_proj", "v_proj"):
+            qkv[m.group(2)[0]] = value
+        elif m and m.group(2) == "o_proj":
+            out["layers.0.attention.wo.weight"] = value
+        elif m and m.group(2) in MLP_MAP:
+            out[f"layers.0.feed_forward.{MLP_MAP[m.group(2)]}.weight"] = value
+        elif key == "layers.0.post_attention_layernorm.weight":
+            out["layers.0.ffn_norm.weight"] = value
+        else:
+            out[key] = value  # embed_tokens, fc; anything else is reported as unexpected
+    if qkv:
+        if set(qkv) != {"q", "k", "v"}:
+            raise CheckpointError(path, "q_proj, k_proj and v_proj in layers.0.self_attn", f"only {sorted(qkv)}",
+                                  "the drafter file is incomplete: download it again")
+        out["layers.0.attention.wqkv.weight"] = torch.cat([qkv["q"], qkv["k"], qkv["v"]], dim=0)
+    return out
+
+
+def internal_to_released(state: dict[str, torch.Tensor], config: DrafterConfig) -> dict[str, torch.Tensor]:
+    inverse = {v: k for k, v in MLP_MAP.items()}
+    head_dim = config.dim // config.n_head
+    q_size, kv_size = config.n_head * head_dim, config.n_kv_head * head_dim
+    out = {}
+    for key, value in state.items():
+        if key == "layers.0.attention.wqkv.weight":
+            q, k, v = value.split([q_size, kv_size, kv_size], dim=0)
+            out.update({"layers.0.self_attn.q_proj.weight": q, "layers.0.self_attn.k_proj.weight": k,
+                        "layers.0.self_attn.v_proj.weight": v})
+        elif key == "layers.0.attention.wo.weight":
+            out["layers.0.self_attn.o_proj.weight"] = value
+        elif key.startswith("layers.0.feed_forward."):
+            out[f"layers.0.mlp.{inverse[key.split('.')[3]]}.weight"] = value
+        elif key == "layers.0.ffn_norm.weight":
+            out["layers.0.post_attention_layernorm.weight"] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _read_files(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict, str]:
+    """-> (tensors, HF config.json or {}, our metadata or {}, source format)."""
+    if path.is_dir():
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise CheckpointError(path, "config.json in the drafter folder", "no config.json",
+                                  "download config.json from the drafter's repository into this folder")
+        try:
+            hf = json.loads(config_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(config_path, "a readable JSON config", f"an unreadable file ({exc})",
+                                  "re-download config.json") from exc
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            if (path / name).is_file():
+                raw = read_checkpoint(path / name)
+                return raw.tensors, hf, raw.metadata, "released-folder"
+        raise CheckpointError(path, "pytorch_model.bin or model.safetensors beside config.json",
+                              f"only {sorted(p.name for p in path.iterdir())[:10]}", DRAFTER_FIX)
+    raw = read_checkpoint(path)
+    sibling = path.parent / "config.json"
+    hf = json.loads(sibling.read_text()) if raw.metadata.get("kind") != "drafter" and sibling.is_file() else {}
+    return raw.tensors, hf, raw.metadata, "safetensors" if path.suffix == ".safetensors" else "pt"
+
+
+def infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta: dict,
+                         target: GPTConfig | None) -> DrafterConfig:
+    if "config" in meta:
+        return DrafterConfig(**meta["config"])
+    ours = hf.get("lantern", {})
+    try:
+        dim = sd["fc.weight"].shape[0]
+        ffn = sd["layers.0.feed_forward.w1.weight"].shape[0]
+        vocab = sd["embed_tokens.weight"].shape[0]
+        head_dim = None
+        heads = hf.get("num_attention_heads") or (target.n_head if target and target.dim == dim else None) \
+            or HEADS_BY_DIM.get(dim)
+        if heads is None:
+            raise CheckpointError(path, "the number of attention heads (config.json num_attention_heads)",
+                                  f"no config and no known preset for hidden size {dim}", DRAFTER_FIX)
+        head_dim = dim // heads
+        kv_heads = sd["layers.0.attention.wqkv.weight"].shape[0] - dim
+        kv_heads = kv_heads // (2 * head_dim)
+    except KeyError as exc:
+        raise CheckpointError(path, "a LANTERN/EAGLE drafter (fc, embed_tokens, layers.0.self_attn.*, layers.0.mlp.*)",
+                              f"no tensor {exc}", DRAFTER_FIX) from exc
+    input_type = hf.get("input_type")
+    grid, cls = INPUT_TYPES.get(input_type, (None, None))
+    grid = ours.get("grid_size", grid if grid is not None else (target.grid_size if target else None))
+    cls = ours.get("cls_token_num", cls if cls is not None else (target.cls_token_num - 1 if target else None))
+    if grid is None or cls is None:
+        raise CheckpointError(path, f"an input_type in {sorted(INPUT_TYPES)} or a target model to size the drafter",
+                              f"input_type {input_type!r} and no target", "load the drafter together with its target")
+    if target is not None and grid != target.grid_size and input_type == "c2i" and "grid_size" not in ours:
+        grid = target.grid_size  # c2i drafters follow the target's resolution (LANTERN hard-codes 24)
+    try:
+        return DrafterConfig(dim=dim, n_head=heads, n_kv_head=kv_heads, ffn_dim=ffn, vocab_size=vocab,
+                             grid_size=grid, cls_token_num=cls, rope_base=float(hf.get("rope_theta", 10000.0)),
+                             norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                             bias=bool(hf.get("bias", True)) if hf else "fc.bias" in sd)  # LANTERN: bias unless "bias": false
+    except ConfigError as exc:
+        raise CheckpointError(path, "a consistent drafter configuration", str(exc), DRAFTER_FIX) from exc
+
+
+def load_drafter(path: str | Path, target: GPTConfig | None = None, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> LoadedDrafter:
+    """Load a drafter strictly; with `target`, refuse one that does not fit it. Raises CheckpointError."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(path, "a drafter folder or file", "nothing at that path",
+                              "put the drafter in ComfyUI/models/lantern/drafters/")
+    tensors, hf, meta, source = _read_files(path)
+    tensors = strip_prefixes(tensors)
+    if meta.get("kind") not in (None, "drafter"):
+        raise CheckpointError(path, "a drafter file", f"a file marked '{meta.get('kind')}'", DRAFTER_FIX)
+    if "fc.weight" not in tensors:
+        raise CheckpointError(path, "a LANTERN/EAGLE drafter (fc.weight, layers.0.self_attn.*)",
+                              f"tensors like {sorted(tensors)[:3]}", DRAFTER_FIX)
+    sd = released_to_internal(path, tensors)
+    config = infer_drafter_config(path, sd, hf, meta, target)
+    if target is not None and (problems := config.mismatches(target)):
+        raise CheckpointError(path, "a drafter trained for the chosen target model", "a drafter with "
+                              + ", ".join(problems), DRAFTER_FIX)
+    with torch.device("meta"):
+        model = EagleDrafter(config)
+    load_state_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()},
+                      path, DRAFTER_FIX, assign=True)
+    model.rope_table = model._build_rope()
+    model.embed_tokens.weight.requires_grad_(False)
+    return LoadedDrafter(model.to(device=device, dtype=dtype).eval(), config, source)
+
+
+def save_drafter(model: EagleDrafter, folder: str | Path, extra: dict | None = None,
+                 dtype: torch.dtype = torch.float32) -> Path:
+    """Write config.json (HF keys LANTERN reads, plus ours under "lantern") + model.safetensors."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    c = model.config
+    hf = {"architectures": ["EagleDrafter"], "hidden_size": c.dim, "intermediate_size": c.ffn_dim,
+          "num_attention_heads": c.n_head, "num_key_value_heads": c.n_kv_head, "num_hidden_layers": 1,
+          "vocab_size": c.vocab_size, "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base, "bias": c.bias,
+          "hidden_act": "silu", "lantern": {"grid_size": c.grid_size, "cls_token_num": c.cls_token_num,
+                                            **(extra or {})}}
+    tensors = {k: v.to(dtype) for k, v in internal_to_released(model.state_dict(), c).items()}
+    write_safetensors(folder / "model.safetensors", tensors, {"kind": "drafter", "config": c.to_dict()})
+    (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True))
+    return folder

@@ -1,0 +1,243 @@
+"""Drafting token trees with the EAGLE feature drafter: static trees (LANTERN++ / EAGLE-1: a fixed shape,
+children sampled without replacement, or top-c when greedy) and the dynamic EAGLE-2 tree (top-k
+expansion by cumulative drafter log-probability, pruned to the best `nodes`).
+
+`DrafterSession` owns the drafter's KV cache for one image: `consume` appends accepted (feature, token)
+pairs, `expand` runs tree nodes against the cached prefix plus their ancestors. Node distributions
+come from `NodeDistribution`, the same CFG + filters the target uses. Verification is in
+`tree_walk.py`; the decode loop in `speculative.py`. Everything stays on the device: no host syncs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .models.drafter import EagleDrafter
+from .models.gpt import ForwardStep, LlamaGenGPT
+from .models.kv_cache import attention_mask
+from .tree import TreeBuffers, TreeSpec, build_tree_buffers
+
+# logits (rows, T, V) and the image-token index each row of T predicts (T,) -> (T, V) distribution
+NodeDistribution = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class DraftTree:
+    """G independent trees of n drafted nodes (G = 1 while decoding one image; tests verify many at once)."""
+
+    tokens: torch.Tensor  # (G, n+1) long, node 0 = the root (last accepted token)
+    parents: torch.Tensor  # (n+1,) or (G, n+1) long, -1 for the root
+    depths: torch.Tensor  # (n+1,) or (G, n+1) long
+    mask: torch.Tensor  # (n+1, n+1) or (G, n+1, n+1) bool, ancestor-or-self
+    children: torch.Tensor  # (n+1, C) or (G, n+1, C) long node ids by rank, -1 padded
+    depth: int
+    q: torch.Tensor | None  # (G, n+1, V) drafter distribution each node's children were sampled from; None = top-k
+
+
+class DrafterSession:
+    """The drafter's cache for one image's rows ([cond; uncond] with CFG). Slot s holds pair (f_s, x_{s+1})."""
+
+    def __init__(self, drafter: EagleDrafter, rows: int, max_len: int, key_valid: torch.Tensor):
+        self.drafter = drafter
+        self.cache = drafter.allocate_cache(rows, max_len)
+        self.key_valid = key_valid  # (rows, >= max_len) bool, shared with the target
+        self.length = 0
+        self.root_feature: torch.Tensor | None = None  # (rows, dim): f^ predicting the root's children
+        self.forwards = 0
+        self._last_row = drafter.rope_table.shape[0] - 1
+
+    def consume(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
+        """features (rows, T, dim), tokens (rows, T): append T accepted pairs, keep the last prediction."""
+        T = tokens.shape[1]
+        slots = torch.arange(self.length, self.length + T, device=tokens.device)
+        step = ForwardStep(slots.clamp(max=self._last_row), self.cache, kv_len=self.length + T,
+                           mask=attention_mask(self.key_valid, slots, self.length + T), slots=slots)
+        out = self.drafter(features, tokens, step)
+        self.root_feature = out[:, -1]
+        self.length += T
+        self.forwards += 1
+
+    def expand(self, features: torch.Tensor, tokens: torch.Tensor, depth: int, node_ids: torch.Tensor,
+               ancestry: torch.Tensor) -> torch.Tensor:
+        """Run tree nodes: features/tokens (rows, T, ...), all at tree `depth`; node ids (T,) >= 1 pick the
+        slots length + id - 1; ancestry (T, n) or per tree (G, T, n) bool over nodes 1..n.
+        Returns predicted features (rows, T, dim)."""
+        rows, T = tokens.shape
+        n = ancestry.shape[-1]
+        L = self.length
+        prefix = self.key_valid[:, None, :L].expand(rows, T, L)
+        tree = ancestry[None].expand(rows, T, n) if ancestry.dim() == 2 else per_row(ancestry, rows)
+        mask = torch.cat([prefix, tree], dim=-1)[:, None]  # (rows, 1, T, L + n)
+        positions = torch.full((T,), min(L + depth - 1, self._last_row), device=tokens.device)
+        step = ForwardStep(positions, self.cache, kv_len=L + n, mask=mask, slots=L + node_ids - 1)
+        self.forwards += 1
+        return self.drafter(features, tokens, step)
+
+
+def per_row(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """Per-tree tensor (G, ...) -> per-row (rows, ...): rows are [cond trees; uncond trees] with CFG."""
+    return x.repeat(rows // x.shape[0], *([1] * (x.dim() - 1)))
+
+
+def sample_without_replacement(q: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
+    """q (P, V) -> (P, count) tokens drawn without replacement, in draw order (Gumbel-top-k)."""
+    u = torch.rand(q.shape, generator=generator, device=q.device, dtype=torch.float32)
+    u = u.clamp(min=torch.finfo(torch.float32).tiny, max=1.0 - 1e-7)
+    keys = q.float().log() - (-u.log()).log()  # log q + Gumbel(0, 1); -inf where q = 0
+    return keys.topk(count, dim=-1).indices
+
+
+@dataclass
+class StaticPlan:
+    """Per-depth index tensors of a static tree, built once per (tree, device)."""
+
+    spec: TreeSpec
+    buffers: TreeBuffers
+    children: torch.Tensor  # (n+1, C)
+    parents_at: list[torch.Tensor]  # depth d: node ids (at depth d-1) whose children are sampled
+    nodes_at: list[torch.Tensor]  # depth d: node ids at depth d
+    row_of: list[torch.Tensor]  # depth d: index into parents_at[d] of each node's parent
+    rank_of: list[torch.Tensor]  # depth d: child rank of each node
+    expand_at: list[torch.Tensor]  # depth d: node ids at depth d that have children
+    width_at: list[int]  # depth d: most children any depth d-1 node has
+
+
+def plan_static_tree(spec: TreeSpec, device: torch.device) -> StaticPlan:
+    b = build_tree_buffers(spec)
+    n1 = b.parents.shape[0]
+    widths = torch.bincount(b.parents[1:], minlength=n1)
+    children = torch.full((n1, max(int(widths.max()), 1)), -1, dtype=torch.long)
+    for node in range(1, n1):
+        children[b.parents[node], b.ranks[node]] = node
+    parents_at, nodes_at, row_of, rank_of, expand_at = [torch.empty(0)], [torch.zeros(1, dtype=torch.long)], [], [], []
+    row_of.append(torch.empty(0)), rank_of.append(torch.empty(0))
+    for d in range(1, spec.depth + 1):
+        nodes = torch.nonzero(b.depths == d)[:, 0]
+        parent_ids = torch.unique(b.parents[nodes])
+        lookup = {int(p): i for i, p in enumerate(parent_ids)}
+        parents_at.append(parent_ids)
+        nodes_at.append(nodes)
+        row_of.append(torch.tensor([lookup[int(b.parents[x])] for x in nodes], dtype=torch.long))
+        rank_of.append(b.ranks[nodes])
+    for d in range(spec.depth + 1):
+        nodes = nodes_at[d]
+        expand_at.append(nodes[widths[nodes] > 0])
+    width_at = [0] + [int(r.max()) + 1 for r in rank_of[1:]]
+    move = lambda xs: [x.to(device) for x in xs]  # noqa: E731
+    buffers = TreeBuffers(*(t.to(device) for t in (b.parents, b.depths, b.ranks, b.mask, b.retrieve)))
+    return StaticPlan(spec, buffers, children.to(device), move(parents_at), move(nodes_at), move(row_of),
+                      move(rank_of), move(expand_at), width_at)
+
+
+def draft_static(session: DrafterSession, target: LlamaGenGPT, plan: StaticPlan, root_tokens: torch.Tensor,
+                 root_index: int, distribution: NodeDistribution, greedy: bool,
+                 generator: torch.Generator | None) -> DraftTree:
+    """Fill G static trees (root_tokens (G,)): children of each node sampled without replacement from its
+    drafter distribution (top-c when greedy). root_index = image-token index of the root tokens."""
+    b = plan.buffers
+    n1 = b.parents.shape[0]
+    rows, dim = session.root_feature.shape
+    G = root_tokens.shape[0]
+    device = root_tokens.device
+    tokens = torch.zeros(G, n1, dtype=torch.long, device=device)
+    tokens[:, 0] = root_tokens
+    feats = session.root_feature.new_zeros(rows, n1, dim)
+    feats[:, 0] = session.root_feature
+    root_q = distribution(target.logits(session.root_feature[:, None]), torch.tensor([root_index + 1], device=device))
+    q = root_q.new_zeros(G, n1, root_q.shape[-1])
+    q[:, 0] = root_q[:, 0]
+    for d in range(1, plan.spec.depth + 1):
+        parents, nodes, width = plan.parents_at[d], plan.nodes_at[d], plan.width_at[d]
+        qp = q[:, parents].reshape(G * parents.numel(), -1)  # (G*P, V)
+        drawn = qp.topk(width, dim=-1).indices if greedy else sample_without_replacement(qp, width, generator)
+        drawn = drawn.view(G, parents.numel(), width)
+        tokens[:, nodes] = drawn[:, plan.row_of[d], plan.rank_of[d]]
+        grow = plan.expand_at[d]
+        if grow.numel():
+            out = session.expand(feats[:, b.parents[grow]], per_row(tokens[:, grow], rows), d, grow,
+                                 b.mask[grow][:, 1:])
+            feats[:, grow] = out
+            q[:, grow] = distribution(target.logits(out), root_index + 1 + b.depths[grow])
+    return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, None if greedy else q)
+
+
+@dataclass(frozen=True)
+class DynamicShape:
+    depth: int = 5  # drafted levels (EAGLE-2's `depth` + 1)
+    top_k: int = 10  # children per expanded node and frontier width
+    nodes: int = 58  # drafted nodes kept for verification (EAGLE-2's total_token - 1)
+
+
+def draft_dynamic(session: DrafterSession, target: LlamaGenGPT, shape: DynamicShape, root_tokens: torch.Tensor,
+                  root_index: int, distribution: NodeDistribution) -> DraftTree:
+    """EAGLE-2 for G trees (root_tokens (G,)): expand the top-k frontier by cumulative log-probability,
+    then keep the best `nodes` of every tree."""
+    K, D = shape.top_k, shape.depth
+    rows, dim = session.root_feature.shape
+    G = root_tokens.shape[0]
+    device = root_tokens.device
+    gi = torch.arange(G, device=device)[:, None]
+    logq = distribution(target.logits(session.root_feature[:, None]),
+                        torch.tensor([root_index + 1], device=device))[:, 0].clamp(min=0).log()  # (G, V)
+    score, tok = logq.topk(K, dim=-1)  # (G, K)
+    pool_tok, pool_score = [tok], [score]
+    pool_parent = [torch.full((G, K), -1, dtype=torch.long, device=device)]  # pool index of the parent, -1 root
+    frontier = torch.arange(K, device=device).expand(G, K)  # pool ids of the frontier
+    feat_in = session.root_feature[:, None].expand(rows, K, dim)
+    ancestry = torch.zeros(G, K, D * K, dtype=torch.bool, device=device)  # over drafter tree slots
+    ancestry[:, torch.arange(K), torch.arange(K)] = True
+    created = K
+    for level in range(2, D + 1):
+        slots = torch.arange((level - 2) * K, (level - 1) * K, device=device)  # this frontier's slots
+        out = session.expand(feat_in, per_row(tok, rows), level - 1, slots + 1, ancestry)
+        child = distribution(target.logits(out), torch.full((K,), root_index + level, device=device))  # (G, K, V)
+        c_score, c_tok = child.clamp(min=0).log().topk(K, dim=-1)  # (G, K, K)
+        c_score = (score[..., None] + c_score).reshape(G, K * K)  # cumulative
+        c_tok = c_tok.reshape(G, K * K)
+        pool_tok.append(c_tok), pool_score.append(c_score), pool_parent.append(frontier.repeat_interleave(K, dim=1))
+        best = c_score.topk(K, dim=-1).indices  # next frontier, (G, K)
+        frontier = created + best
+        created += K * K
+        parent_slot = best // K  # (G, K) index into the current frontier
+        score, tok = c_score.gather(1, best), c_tok.gather(1, best)
+        feat_in = out.gather(1, per_row(parent_slot, rows)[..., None].expand(-1, -1, dim))
+        ancestry = ancestry[gi, parent_slot]  # (G, K, D*K): inherit the parent's ancestors
+        ancestry[:, torch.arange(K), (level - 1) * K + torch.arange(K)] = True
+    all_tok, all_score, all_parent = torch.cat(pool_tok, 1), torch.cat(pool_score, 1), torch.cat(pool_parent, 1)
+    # keep the best `nodes`; a stable sort puts a parent (created first, score >= child) before its children
+    keep = torch.sort(-all_score, dim=1, stable=True).indices[:, : shape.nodes]
+    keep = torch.sort(keep, dim=1).values  # creation order: parents precede children
+    return _tree_from_pool(root_tokens, all_tok.gather(1, keep), all_score.gather(1, keep),
+                           all_parent.gather(1, keep), keep, created, K, D)
+
+
+def _tree_from_pool(root_tokens: torch.Tensor, tok: torch.Tensor, score: torch.Tensor, parent_pool: torch.Tensor,
+                    pool_ids: torch.Tensor, pool_size: int, K: int, D: int) -> DraftTree:
+    """Kept pool entries (G, n) in creation order -> tree tensors with per-tree parents, depths, mask, children."""
+    device = tok.device
+    G, n = tok.shape
+    gi = torch.arange(G, device=device)[:, None]
+    node_of_pool = torch.zeros(G, pool_size, dtype=torch.long, device=device)
+    node_of_pool[gi, pool_ids] = torch.arange(1, n + 1, device=device).expand(G, n)
+    parents = torch.cat([torch.full((G, 1), -1, dtype=torch.long, device=device),
+                         torch.where(parent_pool >= 0, node_of_pool.gather(1, parent_pool.clamp(min=0)), 0)], 1)
+    depths = torch.zeros(G, n + 1, dtype=torch.long, device=device)
+    eye = torch.eye(n + 1, dtype=torch.bool, device=device)
+    mask = eye.expand(G, -1, -1).clone()
+    for _ in range(D):  # D rounds settle depth and ancestry (parents precede children)
+        depths[:, 1:] = depths.gather(1, parents[:, 1:]) + 1
+        mask[:, 1:] = mask[gi, parents[:, 1:]] | eye[1:]
+    # children by rank: order by parent, then by score (best first)
+    by_score = torch.sort(-score, dim=1, stable=True).indices
+    par = parents[:, 1:]
+    order = by_score.gather(1, torch.sort(par.gather(1, by_score), dim=1, stable=True).indices)  # (G, n)
+    sp = par.gather(1, order)
+    counts = torch.zeros(G, n + 1, dtype=torch.long, device=device).scatter_add_(1, par, torch.ones_like(par))
+    starts = counts.cumsum(1) - counts
+    rank = torch.arange(n, device=device) - starts.gather(1, sp)
+    children = torch.full((G, n + 1, K), -1, dtype=torch.long, device=device)
+    children[gi, sp, rank] = order + 1
+    tokens = torch.cat([root_tokens[:, None], tok], 1)
+    return DraftTree(tokens, parents, depths, mask, children, D, None)

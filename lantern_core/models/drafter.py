@@ -1,0 +1,67 @@
+"""The EAGLE-style feature drafter LANTERN pairs with LlamaGen (one decoder layer on [embedding; feature]).
+
+Given the target's last hidden state f_s and the embedding of the next token x_{s+1}, it predicts the
+next feature: h = fc([emb(x_{s+1}); f_s]) + b, then one decoder block whose attention has no input
+norm, no final norm. Logits come from the target's frozen `output` head. The block is the same
+`TransformerBlock` the target uses (one attention / KV-cache machinery); the released checkpoints'
+HF-style names are mapped onto it by `drafter_io.py`. Drafting policy (trees, sampling) is elsewhere.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..config import DrafterConfig
+from .gpt import ROPE_EXTRA_ROWS, ForwardStep, TransformerBlock
+from .kv_cache import KVCache
+from .rope import build_rope_2d
+
+
+class EagleDrafter(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        block = config.block_config()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
+        self.fc = nn.Linear(2 * config.dim, config.dim, bias=config.bias)
+        self.layers = nn.ModuleList([TransformerBlock(block)])
+        self.layers[0].attention_norm = nn.Identity()  # layer 0 of the drafter has no input norm
+        self.embed_tokens.weight.requires_grad_(False)  # frozen, as in EAGLE / LANTERN
+        self.register_buffer("rope_table", self._build_rope(), persistent=False)
+
+    def _build_rope(self) -> torch.Tensor:
+        c = self.config
+        return build_rope_2d(c.grid_size, c.dim // c.n_head, c.rope_base, c.cls_token_num,
+                             extra_rows=ROPE_EXTRA_ROWS + 1)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)  # keep the RoPE table float32 under .half() / .to(bf16)
+        if self.rope_table.dtype != torch.float32:
+            self.rope_table = self._build_rope().to(self.rope_table.device)
+        return self
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.config.cls_token_num + self.config.grid_size ** 2 + 1
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, step: ForwardStep) -> torch.Tensor:
+        """features (B, T, dim) target (or drafted) features f_s, tokens (B, T) x_{s+1} -> f^_{s+1} (B, T, dim)."""
+        emb = self.embed_tokens(tokens).to(features.dtype)
+        h = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, 2*dim) -> (B, T, dim)
+        return self.layers[0](h, self.rope_table[step.positions], step, 0)
+
+    def allocate_cache(self, batch: int, max_len: int, device=None, dtype=None) -> KVCache:
+        weight = self.fc.weight
+        c = self.config
+        return KVCache.allocate(1, batch, c.n_kv_head, max_len, c.dim // c.n_head,
+                                device or weight.device, dtype or weight.dtype)
+
+    @torch.no_grad()
+    def init_from_target(self, target: nn.Module, generator: torch.Generator | None = None, std: float = 0.02) -> None:
+        """Fresh drafter for `target`: its token embedding (frozen), N(0, std) elsewhere, zero fc bias."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, 0.0, std, generator=generator)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        self.embed_tokens.weight.copy_(target.tok_embeddings.weight)

@@ -1,0 +1,263 @@
+"""Speculative decoding of image tokens with an EAGLE drafter: EAGLE-2 (dynamic tree), static trees
+(LANTERN++ / EAGLE-1), each exact or LANTERN-relaxed (delta: absolute TVD budget; lambda: LANTERN++'s
+multiplicative bound), with sampling or greedy decoding.
+
+One image at a time (rows = [cond; uncond] with CFG, sharing tokens); a batch of N is N runs with the
+caller's per-sample generators, so it matches plain `generate` seed for seed in distribution. Per
+iteration: draft a tree, verify it in one target forward against the static KV cache, walk it
+(`tree_walk.py`), compact the accepted path in place, feed the accepted features to the drafter. The
+acceptance test always sees the CFG-combined, temperature/top-k/top-p-filtered distribution, and the
+drafter proposes from its own logits under the same CFG and filters. This module does not pick devices
+or load files.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from .conditioning import Condition, build_prefix
+from .config import SamplingConfig
+from .drafting import (DraftTree, DrafterSession, DynamicShape, draft_dynamic, draft_static, per_row,
+                       plan_static_tree)
+from .errors import ConfigError
+from .generate import GenerationResult, GenerationStats, StepCallback, synchronize
+from .models.drafter import EagleDrafter
+from .models.gpt import ForwardStep, LlamaGenGPT
+from .models.kv_cache import attention_mask
+from .relaxation import Relaxation
+from .sampling import Generators, filter_logits, pick_tokens
+from .tree import NAIVE_EXTEND_57, TreeSpec
+from .tree_attention import commit_path, forward_tree
+from .tree_walk import WalkResult, walk_tree
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How to draft and accept. `tree` "static" uses `static_tree`; "dynamic" is EAGLE-2 with `dynamic`.
+    `relaxation` None is exact (lossless); a Relaxation with delta is LANTERN, with lam LANTERN++."""
+
+    tree: Literal["static", "dynamic"] = "static"
+    static_tree: TreeSpec = NAIVE_EXTEND_57
+    dynamic: DynamicShape = DynamicShape()
+    relaxation: Relaxation | None = None
+
+    def __post_init__(self) -> None:
+        if self.tree not in ("static", "dynamic"):
+            raise ConfigError("tree", "'static' or 'dynamic'", self.tree)
+        d = self.dynamic
+        if not (1 <= d.depth <= 64 and 1 <= d.top_k <= 64 and 1 <= d.nodes <= d.top_k + (d.depth - 1) * d.top_k ** 2):
+            raise ConfigError("dynamic tree", "depth 1..64, top_k 1..64 and 1 <= nodes <= top_k + (depth-1)*top_k^2",
+                              d)
+
+    @property
+    def max_nodes(self) -> int:
+        return self.static_tree.num_nodes if self.tree == "static" else self.dynamic.nodes
+
+    @property
+    def depth(self) -> int:
+        return self.static_tree.depth if self.tree == "static" else self.dynamic.depth
+
+
+@dataclass
+class SpeculativeStats(GenerationStats):
+    iterations: int = 0  # verification forwards (the prefill is the remaining forward pass)
+    drafter_forwards: int = 0
+    accepted_histogram: list[int] = field(default_factory=list)  # iterations by drafted tokens accepted
+    acceptance_by_depth: list[float] = field(default_factory=list)  # P(accept at depth d | reached d-1)
+    relaxed_tokens: int = 0  # accepted drafted tokens that used absorbed neighbour mass
+    mean_absorbed: float = 0.0  # mean TVD spent per accepted drafted token
+    max_absorbed: float = 0.0  # largest TVD spent on one token (<= delta for LANTERN)
+    accepted_by_node: list[int] = field(default_factory=list)  # static trees: acceptances per node id
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Image tokens per target forward (prefill included), LANTERN's step compression."""
+        return self.batch * self.image_tokens / max(self.forward_passes, 1)
+
+    def summary(self) -> str:
+        depth = " ".join(f"{a:.2f}" for a in self.acceptance_by_depth)
+        return (super().summary() + f"; {self.iterations} verifications, acceptance by depth [{depth}], "
+                f"TVD spent mean {self.mean_absorbed:.3f} max {self.max_absorbed:.3f}")
+
+
+class NodeDistributions:
+    """CFG + filters for one run, per tree node: logits (rows, T, V), image-token index (T,) -> (G, T, V)
+    where rows = G trees, or [cond trees; uncond trees] with CFG. Greedy runs get softmax(logits)."""
+
+    def __init__(self, sampling: SamplingConfig, guided: bool):
+        self.sampling = sampling
+        self.guided = guided
+
+    def combine(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        if not self.guided:
+            return logits.float()
+        cond, uncond = logits.float().chunk(2, dim=0)
+        s = self.sampling
+        mixed = uncond + s.cfg_scale * (cond - uncond)
+        active = (index <= s.cfg_interval + 1) if s.cfg_interval >= 0 else torch.ones_like(index, dtype=torch.bool)
+        active = active[..., None] if index.dim() == 2 else active[None, :, None]  # (G|1, T, 1)
+        return torch.where(active, mixed, cond)
+
+    def __call__(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        combined = self.combine(logits, index)
+        if self.sampling.greedy:
+            return combined.softmax(-1)
+        s = self.sampling
+        return filter_logits(combined, s.temperature, s.top_k, s.top_p).softmax(-1)
+
+
+def _one_condition(condition: Condition, i: int) -> Condition:
+    if condition.labels is not None:
+        return Condition(labels=condition.labels[i:i + 1])
+    mask = None if condition.caption_mask is None else condition.caption_mask[i:i + 1]
+    return Condition(caption=condition.caption[i:i + 1], caption_mask=mask)
+
+
+def _generator_for(generator: Generators, i: int) -> torch.Generator | None:
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    return generator[i]
+
+
+@dataclass
+class _Tally:
+    iterations: int = 0
+    drafter_forwards: int = 0
+    histogram: list[int] = field(default_factory=list)
+    absorbed_sum: float = 0.0
+    absorbed_max: float = 0.0
+    relaxed: int = 0
+    by_node: torch.Tensor | None = None
+    prefill_s: float = 0.0
+    cache_bytes: int = 0
+
+
+@torch.no_grad()
+def speculative_generate(model: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
+                         spec: SpeculativeConfig, generator: Generators = None, neighbors: torch.Tensor | None = None,
+                         on_step: StepCallback | None = None) -> GenerationResult:
+    """Speculatively sample `condition.batch` images' tokens. `neighbors` (V, >= k) is needed for relaxation."""
+    if spec.relaxation is not None and spec.relaxation.k > 0:
+        if neighbors is None or neighbors.shape[1] < spec.relaxation.k:
+            raise ConfigError("neighbour table", f"a (V, >= {spec.relaxation.k}) table for lantern k",
+                              None if neighbors is None else tuple(neighbors.shape),
+                              "build it with lantern_core.neighbors.load_or_build_neighbors")
+        neighbors = neighbors.to(model.tok_embeddings.weight.device)
+    start = time.perf_counter()
+    config = model.config
+    N = config.num_image_tokens
+    B = condition.batch
+    device = model.tok_embeddings.weight.device
+    tokens = torch.empty(B, N, dtype=torch.long, device=device)
+    per_cell = torch.ones(B, N, dtype=torch.int32, device=device)
+    tally = _Tally(by_node=torch.zeros(spec.max_nodes + 1, dtype=torch.long))
+    plan = plan_static_tree(spec.static_tree, device) if spec.tree == "static" else None
+    for i in range(B):
+        def report(done: int, _i=i) -> None:
+            if on_step is not None:
+                on_step(_i * N + done, B * N, tokens)
+        _decode_one(model, drafter, _one_condition(condition, i), sampling, spec, plan,
+                    _generator_for(generator, i), neighbors, tokens[i], per_cell[i], tally, report)
+    synchronize(device)
+    hist = tally.histogram
+    reached = [sum(hist[d:]) for d in range(len(hist))]
+    by_depth = [reached[d] / reached[d - 1] for d in range(1, len(reached)) if reached[d - 1]]
+    accepted_tokens = sum(k * c for k, c in enumerate(hist))
+    stats = SpeculativeStats(
+        batch=B, image_tokens=N, forward_passes=B + tally.iterations,
+        wall_time_s=time.perf_counter() - start, prefill_time_s=tally.prefill_s, kv_cache_bytes=tally.cache_bytes,
+        iterations=tally.iterations, drafter_forwards=tally.drafter_forwards, accepted_histogram=hist,
+        acceptance_by_depth=by_depth, relaxed_tokens=tally.relaxed,
+        mean_absorbed=tally.absorbed_sum / max(accepted_tokens, 1), max_absorbed=tally.absorbed_max,
+        accepted_by_node=tally.by_node.tolist() if spec.tree == "static" else [])
+    return GenerationResult(tokens, stats, per_cell)
+
+
+def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neighbors,
+                out: torch.Tensor, per_cell: torch.Tensor, tally: _Tally, report) -> None:
+    config = model.config
+    N = config.num_image_tokens
+    guided = sampling.uses_cfg
+    dist = NodeDistributions(sampling, guided)
+    t0 = time.perf_counter()
+    prefix = build_prefix(model, condition, guided)
+    rows, T = prefix.key_valid.shape
+    device = prefix.embeddings.device
+    max_len = T + N + spec.max_nodes + 2
+    cache = model.allocate_cache(rows, max_len)
+    key_valid = torch.ones(rows, max_len, dtype=torch.bool, device=device)
+    key_valid[:, :T] = prefix.key_valid
+    session = None
+    try:
+        positions = torch.arange(T, device=device)
+        hidden = model(prefix.embeddings, ForwardStep(positions, cache, kv_len=T,
+                                                      mask=attention_mask(key_valid, positions, T)))
+        first = pick_tokens(dist.combine(model.logits(hidden[:, -1:]), positions.new_zeros(1))[:, 0], sampling, generator)
+        out[0] = first[0]
+        session = DrafterSession(drafter, rows, max_len, key_valid)
+        fed = torch.zeros(rows, T, dtype=torch.long, device=device)
+        fed[:, -1] = first[0]
+        session.consume(hidden, fed)  # pairs (f_s, x_{s+1}) over the prefix; the last holds the first token
+        tally.prefill_s += time.perf_counter() - t0
+        report(1)
+        length, done = T, 1
+        while done < N:
+            root = out[done - 1:done]  # (G=1,)
+            if spec.tree == "static":
+                tree = draft_static(session, model, plan, root, done - 1, dist, sampling.greedy, generator)
+            else:
+                tree = draft_dynamic(session, model, spec.dynamic, root, done - 1, dist)
+            check = verify_tree(model, cache, key_valid, length, tree, dist, spec, generator, neighbors, done - 1)
+            accepted = int(check.walk.accepted[0])  # the one host sync per iteration: the path length
+            path = check.walk.path[0, : accepted + 1]
+            absorbed = check.walk.absorbed[0, :accepted]
+            bonus, hidden = check.walk.bonus[:1], check.hidden
+            new = torch.cat([tree.tokens[0, path[1:]], bonus])  # (a + 1,)
+            take = min(new.numel(), N - done)
+            out[done:done + take] = new[:take]
+            per_cell[done:done + take] = new.numel()
+            length = commit_path(cache, length, path)
+            session.consume(hidden[:, path], new[None].expand(rows, -1))
+            done += take
+            tally.iterations += 1
+            while len(tally.histogram) <= accepted:
+                tally.histogram.append(0)
+            tally.histogram[accepted] += 1
+            if plan is not None:
+                tally.by_node[path.cpu()] += 1
+            if absorbed.numel():
+                tally.absorbed_sum += float(absorbed.sum())
+                tally.absorbed_max = max(tally.absorbed_max, float(absorbed.max()))
+                tally.relaxed += int((absorbed > 0).sum())
+            report(done)
+    finally:
+        tally.cache_bytes = max(tally.cache_bytes, cache.nbytes + (session.cache.nbytes if session else 0))
+        cache.release()
+        if session is not None:
+            tally.drafter_forwards += session.forwards
+            session.cache.release()
+
+
+@dataclass
+class Verification:
+    walk: WalkResult  # per tree: accepted path, count, bonus, relaxed mass
+    hidden: torch.Tensor  # (rows, n+1, dim) target features at every node (the drafter's next inputs)
+
+
+def verify_tree(model: LlamaGenGPT, cache, key_valid: torch.Tensor, length: int, tree: DraftTree,
+                dist: NodeDistributions, spec: SpeculativeConfig, generator: torch.Generator | None,
+                neighbors: torch.Tensor | None, root_index: int) -> Verification:
+    """One target forward over G trees (rows = G, or 2G with CFG) at cache length `length`, then the walk."""
+    rows, G = key_valid.shape[0], tree.tokens.shape[0]
+    hidden = forward_tree(model, cache, key_valid, length, per_row(tree.tokens, rows), tree)
+    logits = model.logits(hidden)  # (rows, n+1, V)
+    index = root_index + 1 + tree.depths
+    greedy = dist.sampling.greedy
+    target = dist.combine(logits, index) if greedy else dist(logits, index)  # (G, n+1, V)
+    uniforms = torch.rand((G, tree.depth, tree.children.shape[-1] + 1), generator=generator, device=logits.device)
+    walk = walk_tree(target, tree.children, tree.tokens, tree.depth, uniforms, tree.q, greedy,
+                     spec.relaxation, neighbors)
+    return Verification(walk, hidden)

@@ -1,0 +1,92 @@
+"""Verifying a drafted tree: walk from the root, accept at most one child per depth, then draw the bonus
+token. Vectorised over rows, a fixed loop over depth, no host syncs (the caller reads the path once).
+
+Inputs are per-node target distributions (already CFG-combined and filtered), the tree's child table
+and, for sampled trees, the drafter distribution each node's children were drawn from. Greedy decoding
+(temperature 0) accepts a child iff it is the argmax of the (relaxed) target, LANTERN's greedy rule,
+and the bonus is the argmax at the last accepted node. Drafting and KV bookkeeping are elsewhere.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .acceptance import accept_siblings
+from .relaxation import Relaxation, relax
+from .sampling import sample_from_probs
+
+
+@dataclass
+class WalkResult:
+    path: torch.Tensor  # (B, depth+1) node ids root first, -1 after the last accepted node
+    accepted: torch.Tensor  # (B,) drafted tokens accepted (path length - 1)
+    bonus: torch.Tensor  # (B,) token drawn from the target after the accepted path
+    absorbed: torch.Tensor  # (B, depth) relaxed mass moved onto each accepted token (0 when exact)
+
+
+def greedy_children(scores: torch.Tensor, child_tokens: torch.Tensor, valid: torch.Tensor,
+                    rule: Relaxation | None, neighbors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """First child (rank order) that is the argmax of the relaxed target. scores (B, V) CFG-combined
+    logits; child_tokens, valid (B, m). Returns (index or -1 (B,), absorbed mass (B,))."""
+    B, m = child_tokens.shape
+    x = child_tokens.clamp(min=0)
+    best = scores.argmax(-1)  # (B,)
+    passes = x == best[:, None]
+    absorbed = torch.zeros(B, m, device=scores.device)
+    if rule is not None and rule.k > 0:
+        probs = scores.float().softmax(-1)
+        flat = probs[:, None].expand(B, m, -1).reshape(B * m, -1)  # (B*m, V)
+        mass = relax(flat, x.reshape(-1), neighbors, rule)
+        raised = flat.scatter(1, x.reshape(-1, 1), mass.probability[:, None])
+        passes = passes | (raised.argmax(-1).view(B, m) == x)
+        absorbed = mass.absorbed.view(B, m)
+    passes = passes & valid
+    first = torch.where(passes.any(-1), passes.float().argmax(-1), torch.full_like(best, -1))
+    return first, absorbed.gather(1, first.clamp(min=0)[:, None])[:, 0] * (first >= 0)
+
+
+def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.Tensor, depth: int,
+              uniforms: torch.Tensor, drafter_q: torch.Tensor | None = None, greedy: bool = False,
+              rule: Relaxation | None = None, neighbors: torch.Tensor | None = None) -> WalkResult:
+    """target (B, n+1, V): target probabilities at each node (greedy: CFG-combined logits); children
+    (n+1, C) or per row (B, n+1, C) node ids by rank, -1 padded; node_tokens (B, n+1); uniforms (B, depth, C+1);
+    drafter_q (B, n+1, V) for sampled trees, None when children are deterministic (top-k)."""
+    B = target.shape[0]
+    device = target.device
+    rows = torch.arange(B, device=device)
+    cur = torch.zeros(B, dtype=torch.long, device=device)
+    alive = torch.ones(B, dtype=torch.bool, device=device)
+    path = torch.full((B, depth + 1), -1, dtype=torch.long, device=device)
+    path[:, 0] = 0
+    absorbed = torch.zeros(B, depth, device=device)
+    residual = target[:, 0].clone()
+    C = children.shape[-1]
+    for d in range(depth):
+        kids = children[cur] if children.dim() == 2 else children[rows, cur]  # (B, C)
+        valid = (kids >= 0) & alive[:, None]
+        tokens = node_tokens[rows[:, None], kids.clamp(min=0)]  # (B, C)
+        here = target[rows, cur]  # (B, V)
+        if greedy:
+            choice, mass = greedy_children(here, tokens, valid, rule, neighbors)
+        else:
+            q = None if drafter_q is None else drafter_q[rows, cur]
+            verdict = accept_siblings(here, q, tokens, uniforms[:, d, :C], valid, rule, neighbors)
+            choice, mass = verdict.accepted, verdict.absorbed
+            # a row that rejected every real child keeps its residual for the bonus draw
+            stop = alive & valid.any(-1) & (choice < 0)
+            residual = torch.where(stop[:, None], verdict.residual, residual)
+        took = alive & (choice >= 0)
+        nxt = kids.gather(1, choice.clamp(min=0)[:, None])[:, 0]
+        cur = torch.where(took, nxt, cur)
+        path[:, d + 1] = torch.where(took, cur, path[:, d + 1])
+        absorbed[:, d] = torch.where(took, mass.float(), absorbed[:, d])
+        if not greedy:
+            residual = torch.where(took[:, None], target[rows, cur], residual)
+        alive = took
+    if greedy:
+        bonus = target[rows, cur].argmax(-1)
+    else:
+        bonus = sample_from_probs(residual, uniforms[:, -1, -1])
+    accepted = (path >= 0).sum(-1) - 1
+    return WalkResult(path, accepted, bonus, absorbed)

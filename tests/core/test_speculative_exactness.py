@@ -1,0 +1,166 @@
+"""Exact speculative decoding preserves the target distribution, end to end through the real drafting,
+tree-verification and walk code: the first decoding iteration is run for 20,000 independent samples at
+once (a batch of trees at the same cache length) on a tiny model with an 8-token vocabulary, and the
+joint law of the first tokens is checked by chi-square against the model's own autoregressive law. Each
+tree kind is also run with a deliberately wrong acceptance rule, which the same test rejects."""
+from dataclasses import replace
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+import lantern_core.tree_walk as tree_walk
+from lantern_core.acceptance import SiblingVerdict, accept_siblings
+from lantern_core.conditioning import Condition, build_prefix
+from lantern_core.config import GPTConfig, SamplingConfig
+from lantern_core.drafting import DrafterSession, DynamicShape, draft_dynamic, draft_static, per_row, plan_static_tree
+from lantern_core.models.gpt import ForwardStep
+from lantern_core.models.kv_cache import attention_mask
+from lantern_core.sampling import sample_from_probs
+from lantern_core.speculative import NodeDistributions, SpeculativeConfig, verify_tree
+from lantern_core.tree import NAIVE_EXTEND_57
+from tests.tiny_models import random_drafter, random_gpt
+
+SMALL = GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=8, model_type="c2i", num_classes=3, cls_token_num=1,
+                  grid_size=4)
+SAMPLES, CHUNK, LABEL = 20_000, 5_000, 1
+CASES = {
+    "static_tree": (SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57),
+                    SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=6)),
+    "eagle2": (SpeculativeConfig(tree="dynamic", dynamic=DynamicShape(depth=3, top_k=4, nodes=14)),
+               SamplingConfig(cfg_scale=1.0, temperature=1.0, top_p=0.9)),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    model = random_gpt(SMALL, seed=3, std=0.25)
+    return model, random_drafter(model, seed=4, std=0.2)
+
+
+def first_iteration(model, drafter, spec, sampling, seed):
+    """(x0, x1, x2, accepted) for SAMPLES independent samples; x2 is -1 where fewer than 1 draft was accepted."""
+    g = torch.Generator().manual_seed(seed)
+    plan = plan_static_tree(spec.static_tree, torch.device("cpu"))
+    outs = []
+    for _ in range(SAMPLES // CHUNK):
+        prefix = build_prefix(model, Condition.classes([LABEL] * CHUNK), sampling.uses_cfg)
+        rows, T = prefix.key_valid.shape
+        max_len = T + spec.max_nodes + 2
+        cache = model.allocate_cache(rows, max_len)
+        key_valid = torch.ones(rows, max_len, dtype=torch.bool)
+        pos = torch.arange(T)
+        hidden = model(prefix.embeddings, ForwardStep(pos, cache, kv_len=T, mask=attention_mask(key_valid, pos, T)))
+        dist = NodeDistributions(sampling, sampling.uses_cfg)
+        x0 = sample_from_probs(dist(model.logits(hidden[:, -1:]), torch.tensor([0]))[:, 0], torch.rand(CHUNK, generator=g))
+        session = DrafterSession(drafter, rows, max_len, key_valid)
+        session.consume(hidden, per_row(x0[:, None], rows))
+        if spec.tree == "static":
+            tree = draft_static(session, model, plan, x0, 0, dist, False, g)
+        else:
+            tree = draft_dynamic(session, model, spec.dynamic, x0, 0, dist)
+        walk = verify_tree(model, cache, key_valid, T, tree, dist, spec, g, None, 0).walk
+        gi = torch.arange(CHUNK)
+        node1, node2 = walk.path[:, 1].clamp(min=0), walk.path[:, 2].clamp(min=0)
+        x1 = torch.where(walk.accepted >= 1, tree.tokens[gi, node1], walk.bonus)
+        x2 = torch.where(walk.accepted >= 2, tree.tokens[gi, node2], walk.bonus)
+        x2 = torch.where(walk.accepted >= 1, x2, torch.full_like(x2, -1))
+        outs.append(torch.stack([x0, x1, x2, walk.accepted], 1))
+    return torch.cat(outs)
+
+
+def ar_law(model, sampling):
+    """Exact p(x0), p(x1 | x0) (V, V) and p(x2 | x0, x1) (V, V, V) under the same CFG and filters."""
+    V = SMALL.vocab_size
+    dist = NodeDistributions(sampling, sampling.uses_cfg)
+
+    def next_probs(seqs, step):  # seqs (S, step) -> (S, V)
+        labels = torch.full((seqs.shape[0],), LABEL)
+        if sampling.uses_cfg:
+            labels = torch.cat([labels, torch.full_like(labels, SMALL.num_classes)])
+            seqs = torch.cat([seqs, seqs])
+        padded = torch.cat([seqs, torch.zeros(seqs.shape[0], 1, dtype=torch.long)], 1)
+        logits = model.training_logits(labels, padded)[:, step:step + 1]
+        return dist(logits, torch.tensor([step]))[:, 0]
+
+    p0 = next_probs(torch.zeros(1, 0, dtype=torch.long), 0)[0]
+    p1 = next_probs(torch.arange(V)[:, None], 1)
+    pairs = torch.cartesian_prod(torch.arange(V), torch.arange(V))
+    p2 = next_probs(pairs, 2).view(V, V, V)
+    return p0, p1, p2
+
+
+def chi_square_pvalue(counts: torch.Tensor, expected: torch.Tensor, groups: int = 1) -> float:
+    keep = expected > 0
+    assert (counts[~keep] == 0).all(), "a token the target gives probability 0 was emitted"
+    stat = float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+    return float(chi2.sf(stat, int(keep.sum()) - groups))
+
+
+def law_pvalues(samples, p0, p1, p2):
+    V = SMALL.vocab_size
+    x0, x1, x2, accepted = samples.unbind(1)
+    joint = torch.bincount(x0 * V + x1, minlength=V * V).double()
+    first = chi_square_pvalue(joint, (p0[:, None] * p1).reshape(-1).double() * SAMPLES)
+    deep = accepted >= 1  # given (x0, x1) with x1 a drafted token, x2 must follow p(. | x0, x1)
+    pair_counts = torch.bincount(x0[deep] * V + x1[deep], minlength=V * V).double()
+    triple = torch.bincount((x0[deep] * V + x1[deep]) * V + x2[deep], minlength=V ** 3).double()
+    expected = (pair_counts[:, None] * p2.reshape(V * V, V).double()).reshape(-1)
+    second = chi_square_pvalue(triple, expected, groups=int((pair_counts > 0).sum()))
+    return first, second, float(deep.double().mean())
+
+
+@pytest.mark.parametrize("mode", sorted(CASES))
+def test_exact_modes_sample_the_target_law(models, mode):
+    model, drafter = models
+    spec, sampling = CASES[mode]
+    with torch.no_grad():
+        samples = first_iteration(model, drafter, spec, sampling, seed=11)
+        first, second, reached = law_pvalues(samples, *ar_law(model, sampling))
+    assert reached > 0.3, "too few drafts accepted for the test to exercise acceptance"
+    assert first > 1e-3 and second > 1e-3, (first, second)
+
+
+def residual_forgotten(p, q, children, uniforms, valid=None, rule=None, neighbors=None):
+    """Deliberately wrong: after rejecting every sibling, sample the bonus from p, not the residual."""
+    verdict = accept_siblings(p, q, children, uniforms, valid, rule, neighbors)
+    return SiblingVerdict(verdict.accepted, p.clone(), verdict.absorbed)
+
+
+@pytest.mark.parametrize("mode", sorted(CASES))
+def test_the_same_test_rejects_a_wrong_rule(models, mode, monkeypatch):
+    model, drafter = models
+    spec, sampling = CASES[mode]
+    monkeypatch.setattr(tree_walk, "accept_siblings", residual_forgotten)
+    with torch.no_grad():
+        samples = first_iteration(model, drafter, spec, sampling, seed=11)
+        first, second, _ = law_pvalues(samples, *ar_law(model, sampling))
+    assert min(first, second) < 1e-6
+
+
+def raw_q_rule(p, q, children, uniforms, valid=None, rule=None, neighbors=None):
+    """Deliberately wrong for sampled siblings: every sibling is tested against the unconditioned q
+    (ignores that siblings were drawn without replacement)."""
+    B, m = children.shape
+    residual, accepted = p.clone(), torch.full((B,), -1, dtype=torch.long)
+    rows = torch.arange(B)
+    valid = valid & (q.gather(1, children.clamp(min=0)) > 0)
+    for j in range(m):
+        x = children[:, j].clamp(min=0)
+        open_rows = (accepted < 0) & valid[:, j]
+        take = open_rows & (uniforms[:, j] < residual[rows, x] / q[rows, x].clamp(min=1e-30))
+        accepted = torch.where(take, torch.full_like(accepted, j), accepted)
+        diff = (residual - q).clamp(min=0)
+        updated = diff / diff.sum(-1, keepdim=True).clamp(min=1e-30)
+        residual = torch.where((open_rows & ~take)[:, None], updated, residual)
+    return SiblingVerdict(accepted, residual, torch.zeros(B))
+
+
+def test_ignoring_sampling_without_replacement_is_caught(models, monkeypatch):
+    model, drafter = models
+    spec, sampling = CASES["static_tree"]
+    monkeypatch.setattr(tree_walk, "accept_siblings", raw_q_rule)
+    with torch.no_grad():
+        samples = first_iteration(model, drafter, spec, sampling, seed=11)
+        first, second, _ = law_pvalues(samples, *ar_law(model, sampling))
+    assert min(first, second) < 1e-6
