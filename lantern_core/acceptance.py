@@ -55,7 +55,7 @@ def accept_siblings(p: torch.Tensor, q: torch.Tensor | None, children: torch.Ten
     """p (B, V) target distribution; q (B, V) the drafter distribution the siblings were drawn from
     without replacement, or None for deterministic (top-k) siblings; children (B, m) in rank order;
     uniforms (B, m) in [0, 1); valid (B, m) marks real siblings (padding and q(x) = 0 are skipped).
-    No host syncs: a fixed m-step loop of tensor ops."""
+    On accelerators a fixed m-step loop of tensor ops with no host syncs; on the CPU it stops early."""
     B, m = children.shape
     V = p.shape[-1]
     device = p.device
@@ -70,7 +70,10 @@ def accept_siblings(p: torch.Tensor, q: torch.Tensor | None, children: torch.Ten
     if q is not None:
         valid = valid & (q.gather(1, children.clamp(min=0)) > 0)
     tiny = torch.finfo(p.dtype).tiny
+    cpu = p.device.type == "cpu"  # reading a flag costs nothing there, so stop as soon as every row is settled
     for j in range(m):
+        if cpu and not bool(((accepted < 0) & valid[:, j]).any()):
+            break  # later siblings are padding or unsampled (valid is a prefix of the ranks)
         x = children[:, j].clamp(min=0)
         if relaxed:
             mass = relax(residual, x, neighbors, rule)

@@ -1,5 +1,6 @@
 """The embedded default model that ships inside the pack (`assets/default/`): a tiny class-conditional
-LlamaGen-architecture GPT, its VQ tokenizer and the photo classifier used to score samples.
+LlamaGen-architecture GPT, its VQ tokenizer, its EAGLE drafter (`drafter/`, released layout) and the
+photo classifier used to score samples.
 
 See `assets/default/MODEL_CARD.md` for data, training command and measured quality. This module only
 locates and loads those files; `train_embedded.py` creates them.
@@ -12,11 +13,13 @@ from pathlib import Path
 import torch
 
 from .checkpoints import LoadedGPT, LoadedVQ, load_gpt, load_vq
+from .drafter_io import LoadedDrafter, load_drafter
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "assets" / "default"
 EMBEDDED_GPT = EMBEDDED_DIR / "gpt.safetensors"
 EMBEDDED_VQ = EMBEDDED_DIR / "vq.safetensors"
 EMBEDDED_CLASSIFIER = EMBEDDED_DIR / "classifier.safetensors"
+EMBEDDED_DRAFTER = EMBEDDED_DIR / "drafter"
 EMBEDDED_NAME = "lantern-tiny-photos (embedded)"
 
 
@@ -26,6 +29,7 @@ class Pipeline:
 
     gpt: LoadedGPT
     vq: LoadedVQ
+    drafter: LoadedDrafter | None = None
 
     @property
     def image_size(self) -> int:
@@ -48,6 +52,8 @@ class Pipeline:
         return lowered.index(key)
 
 
-def load_embedded(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Pipeline:
-    return Pipeline(load_gpt(EMBEDDED_GPT, device=device, dtype=dtype),
-                    load_vq(EMBEDDED_VQ, device=device, dtype=dtype))
+def load_embedded(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                  drafter: bool = False) -> Pipeline:
+    gpt = load_gpt(EMBEDDED_GPT, device=device, dtype=dtype)
+    vq = load_vq(EMBEDDED_VQ, device=device, dtype=dtype)
+    return Pipeline(gpt, vq, load_drafter(EMBEDDED_DRAFTER, gpt.config, device, dtype) if drafter else None)

@@ -13,6 +13,7 @@ or load files.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,22 +32,25 @@ from .relaxation import Relaxation
 from .sampling import Generators, filter_logits, pick_tokens
 from .tree import NAIVE_EXTEND_57, TreeSpec
 from .tree_attention import commit_path, forward_tree
+from .tree_select import CostCurve, choose_subtree, measure_costs, node_rates
 from .tree_walk import WalkResult, walk_tree
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """How to draft and accept. `tree` "static" uses `static_tree`; "dynamic" is EAGLE-2 with `dynamic`.
-    `relaxation` None is exact (lossless); a Relaxation with delta is LANTERN, with lam LANTERN++."""
+    """How to draft and accept. `tree` "static" uses `static_tree`; "dynamic" is EAGLE-2 with `dynamic`;
+    "auto" picks the best sub-tree of `static_tree` for this machine (`tree_select.py`), calibrating on the
+    first image of the first run per drafter and sampling setting. `relaxation` None is exact (lossless);
+    a Relaxation with delta is LANTERN, with lam LANTERN++."""
 
-    tree: Literal["static", "dynamic"] = "static"
+    tree: Literal["static", "dynamic", "auto"] = "static"
     static_tree: TreeSpec = NAIVE_EXTEND_57
     dynamic: DynamicShape = DynamicShape()
     relaxation: Relaxation | None = None
 
     def __post_init__(self) -> None:
-        if self.tree not in ("static", "dynamic"):
-            raise ConfigError("tree", "'static' or 'dynamic'", self.tree)
+        if self.tree not in ("static", "dynamic", "auto"):
+            raise ConfigError("tree", "'static', 'dynamic' or 'auto'", self.tree)
         d = self.dynamic
         if not (1 <= d.depth <= 64 and 1 <= d.top_k <= 64 and 1 <= d.nodes <= d.top_k + (d.depth - 1) * d.top_k ** 2):
             raise ConfigError("dynamic tree", "depth 1..64, top_k 1..64 and 1 <= nodes <= top_k + (depth-1)*top_k^2",
@@ -54,11 +58,11 @@ class SpeculativeConfig:
 
     @property
     def max_nodes(self) -> int:
-        return self.static_tree.num_nodes if self.tree == "static" else self.dynamic.nodes
+        return self.dynamic.nodes if self.tree == "dynamic" else self.static_tree.num_nodes
 
     @property
     def depth(self) -> int:
-        return self.static_tree.depth if self.tree == "static" else self.dynamic.depth
+        return self.dynamic.depth if self.tree == "dynamic" else self.static_tree.depth
 
 
 @dataclass
@@ -71,6 +75,7 @@ class SpeculativeStats(GenerationStats):
     mean_absorbed: float = 0.0  # mean TVD spent per accepted drafted token
     max_absorbed: float = 0.0  # largest TVD spent on one token (<= delta for LANTERN)
     accepted_by_node: list[int] = field(default_factory=list)  # static trees: acceptances per node id
+    tree: str = ""  # the tree used, e.g. "naive_extend_57", "eagle2 d5 k10 n58", "auto_9 (of naive_extend_57)"
 
     @property
     def mean_accepted_length(self) -> float:
@@ -107,6 +112,27 @@ class NodeDistributions:
             return combined.softmax(-1)
         s = self.sampling
         return filter_logits(combined, s.temperature, s.top_k, s.top_p).softmax(-1)
+
+
+_AUTO_CHOICES: "weakref.WeakKeyDictionary[EagleDrafter, dict]" = weakref.WeakKeyDictionary()
+_COSTS: "weakref.WeakKeyDictionary[EagleDrafter, dict]" = weakref.WeakKeyDictionary()
+
+
+def _sampling_key(sampling: SamplingConfig) -> tuple:
+    return (sampling.uses_cfg, sampling.greedy, round(sampling.temperature, 3), sampling.top_k,
+            round(sampling.top_p, 3))
+
+
+def _auto_choice(drafter: EagleDrafter, sampling: SamplingConfig) -> TreeSpec | None:
+    return _AUTO_CHOICES.get(drafter, {}).get(_sampling_key(sampling))
+
+
+def _costs(model: LlamaGenGPT, drafter: EagleDrafter, rows: int) -> CostCurve:
+    per_drafter = _COSTS.setdefault(drafter, {})
+    key = (id(model), rows, str(model.tok_embeddings.weight.device), str(model.tok_embeddings.weight.dtype))
+    if key not in per_drafter:
+        per_drafter[key] = measure_costs(model, drafter, rows)
+    return per_drafter[key]
 
 
 def _one_condition(condition: Condition, i: int) -> Condition:
@@ -154,13 +180,29 @@ def speculative_generate(model: LlamaGenGPT, drafter: EagleDrafter, condition: C
     tokens = torch.empty(B, N, dtype=torch.long, device=device)
     per_cell = torch.ones(B, N, dtype=torch.int32, device=device)
     tally = _Tally(by_node=torch.zeros(spec.max_nodes + 1, dtype=torch.long))
-    plan = plan_static_tree(spec.static_tree, device) if spec.tree == "static" else None
+    tree_name = spec.static_tree.name if spec.tree == "static" else (
+        f"eagle2 d{spec.dynamic.depth} k{spec.dynamic.top_k} n{spec.dynamic.nodes}")
+    plan, calibrating = None, False
+    if spec.tree != "dynamic":
+        chosen = _auto_choice(drafter, sampling) if spec.tree == "auto" else None
+        calibrating = spec.tree == "auto" and chosen is None
+        plan = plan_static_tree(chosen or spec.static_tree, device)
+        if spec.tree == "auto":
+            tree_name = f"{(chosen or spec.static_tree).name} (auto, of {spec.static_tree.name})"
     for i in range(B):
         def report(done: int, _i=i) -> None:
             if on_step is not None:
-                on_step(_i * N + done, B * N, tokens)
+                on_step(_i * N + done, B * N, tokens[_i:_i + 1])
         _decode_one(model, drafter, _one_condition(condition, i), sampling, spec, plan,
                     _generator_for(generator, i), neighbors, tokens[i], per_cell[i], tally, report)
+        if calibrating:  # the first image ran on the base tree: choose for the rest (and later runs)
+            rows = 2 if sampling.uses_cfg else 1
+            chosen, _ = choose_subtree(spec.static_tree, node_rates(spec.static_tree, tally.by_node.tolist(),
+                                                                   tally.iterations),
+                                       _costs(model, drafter, rows))
+            _AUTO_CHOICES.setdefault(drafter, {})[_sampling_key(sampling)] = chosen
+            plan, calibrating = plan_static_tree(chosen, device), False
+            tree_name = f"{chosen.name} (auto, of {spec.static_tree.name}; calibrated on image 1)"
     synchronize(device)
     hist = tally.histogram
     reached = [sum(hist[d:]) for d in range(len(hist))]
@@ -172,7 +214,7 @@ def speculative_generate(model: LlamaGenGPT, drafter: EagleDrafter, condition: C
         iterations=tally.iterations, drafter_forwards=tally.drafter_forwards, accepted_histogram=hist,
         acceptance_by_depth=by_depth, relaxed_tokens=tally.relaxed,
         mean_absorbed=tally.absorbed_sum / max(accepted_tokens, 1), max_absorbed=tally.absorbed_max,
-        accepted_by_node=tally.by_node.tolist() if spec.tree == "static" else [])
+        accepted_by_node=tally.by_node.tolist() if spec.tree == "static" else [], tree=tree_name)
     return GenerationResult(tokens, stats, per_cell)
 
 
@@ -226,7 +268,7 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
             while len(tally.histogram) <= accepted:
                 tally.histogram.append(0)
             tally.histogram[accepted] += 1
-            if plan is not None:
+            if plan is not None and plan.spec.num_nodes + 1 == tally.by_node.numel():
                 tally.by_node[path.cpu()] += 1
             if absorbed.numel():
                 tally.absorbed_sum += float(absorbed.sum())

@@ -4,7 +4,8 @@ token. Vectorised over rows, a fixed loop over depth, no host syncs (the caller 
 Inputs are per-node target distributions (already CFG-combined and filtered), the tree's child table
 and, for sampled trees, the drafter distribution each node's children were drawn from. Greedy decoding
 (temperature 0) accepts a child iff it is the argmax of the (relaxed) target, LANTERN's greedy rule,
-and the bonus is the argmax at the last accepted node. Drafting and KV bookkeeping are elsewhere.
+and the bonus is the argmax at the last accepted node. On the CPU, where reading a tensor costs no
+device sync, the loops stop as soon as every row has stopped. Drafting and KV bookkeeping are elsewhere.
 """
 from __future__ import annotations
 
@@ -62,7 +63,10 @@ def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.T
     absorbed = torch.zeros(B, depth, device=device)
     residual = target[:, 0].clone()
     C = children.shape[-1]
+    cpu = device.type == "cpu"  # host reads are free there: stop at the first depth where every row has stopped
     for d in range(depth):
+        if cpu and d > 0 and not bool(alive.any()):
+            break
         kids = children[cur] if children.dim() == 2 else children[rows, cur]  # (B, C)
         valid = (kids >= 0) & alive[:, None]
         tokens = node_tokens[rows[:, None], kids.clamp(min=0)]  # (B, C)

@@ -18,12 +18,13 @@ class LanternExtension(ComfyExtension):
         from .conditioning import LanternConditioning
         from .decode import LanternDecode
         from .decoding import LanternDecodingConfig
+        from .drafters import LanternDrafterLoader
         from .generate import LanternGenerate
         from .loaders import LanternModelLoader
         from .sampler import LanternSampler
 
-        return [LanternModelLoader, LanternConditioning, LanternDecodingConfig, LanternSampler, LanternDecode,
-                LanternGenerate]
+        return [LanternModelLoader, LanternDrafterLoader, LanternConditioning, LanternDecodingConfig,
+                LanternSampler, LanternDecode, LanternGenerate]
 
 
 async def comfy_entrypoint() -> LanternExtension:

@@ -1,13 +1,74 @@
-"""LanternDecodingConfig: the decoding mode and its parameters -> LANTERN_DECODING."""
+"""LanternDecodingConfig: the decoding mode, its drafter and parameters -> LANTERN_DECODING."""
 from __future__ import annotations
+
+import json
 
 from comfy_api.latest import io
 
-from .types import LanternDecoding, LanternDecodingType
+from ..lantern_core.drafting import DynamicShape
+from ..lantern_core.errors import ConfigError, LanternError
+from ..lantern_core.relaxation import Relaxation
+from ..lantern_core.speculative import SpeculativeConfig
+from ..lantern_core.tree import STATIC_TREES, TreeSpec, chain_tree
+from .types import LanternDecoding, LanternDecodingType, LanternDrafterType
 
 MODES = {
-    "ar": "plain autoregressive decoding: one forward pass per image token (the reference the fast modes match)",
+    "ar": "plain autoregressive decoding, one forward pass per token (the reference)",
+    "eagle2": "EAGLE-2 dynamic draft tree, exact (lossless) acceptance",
+    "static_tree": "static draft tree, children sampled without replacement, exact (lossless) acceptance",
+    "lantern": "LANTERN: EAGLE-2 tree with relaxed acceptance; latent neighbours share a total-variation budget delta",
+    "lantern_pp": "LANTERN++: static tree with relaxed acceptance bounded by lambda x the target probability",
 }
+TREES = ["auto", *STATIC_TREES, "chain", "custom"]
+
+
+def parse_custom_tree(text: str) -> TreeSpec:
+    """'[[0], [1], [0, 0]]' (child ranks from the root, as in EAGLE's choices.py) -> TreeSpec."""
+    try:
+        paths = json.loads(text)
+        if not isinstance(paths, list) or not all(isinstance(p, list) for p in paths):
+            raise ValueError("not a list of lists")
+        return TreeSpec("custom", tuple(tuple(int(r) for r in p) for p in paths))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("custom_tree", "a JSON list of paths of child ranks, e.g. [[0], [1], [0, 0]]",
+                          text[:80], f"fix the JSON ({exc})") from exc
+
+
+def build_decoding(mode: str, drafter, tree: str, chain_length: int, custom_tree: str, lantern_k: int,
+                   delta: float, lam: float, eagle: DynamicShape) -> LanternDecoding:
+    """Widget values -> LanternDecoding (validated; raises LanternError naming the parameter)."""
+    if mode not in MODES:
+        raise ConfigError("mode", f"one of {list(MODES)}", mode)
+    if mode == "ar":
+        return LanternDecoding("ar")
+    if drafter is None:
+        raise LanternError(f"mode '{mode}' needs a drafter: connect Lantern: Load Drafter to 'drafter' "
+                           "(or choose mode 'ar')")
+    if tree not in TREES:
+        raise ConfigError("tree", f"one of {TREES}", tree)
+    dynamic = mode in ("eagle2", "lantern")
+    if dynamic:
+        kind, static, label = "dynamic", STATIC_TREES["naive_extend_57"], f"eagle2 d{eagle.depth} k{eagle.top_k} n{eagle.nodes}"
+    elif tree == "custom":
+        kind, static = "static", parse_custom_tree(custom_tree)
+        label = f"custom ({static.num_nodes} nodes)"
+    elif tree == "chain":
+        kind, static, label = "static", chain_tree(chain_length), f"chain_{chain_length}"
+    elif tree == "auto":
+        kind, static, label = "auto", STATIC_TREES["naive_extend_57"], "auto"
+    else:
+        kind, static, label = "static", STATIC_TREES[tree], tree
+    vocab = drafter.config.vocab_size
+    if mode in ("lantern", "lantern_pp") and not 1 <= lantern_k < vocab:
+        raise ConfigError("lantern_k", f"an integer in 1..{vocab - 1} (neighbours per token; codebook size - 1)",
+                          lantern_k)
+    relaxation = None
+    if mode == "lantern":
+        relaxation = Relaxation(k=lantern_k, delta=delta)
+    elif mode == "lantern_pp":
+        relaxation = Relaxation(k=lantern_k, lam=lam)
+    spec = SpeculativeConfig(tree=kind, static_tree=static, dynamic=eagle, relaxation=relaxation)
+    return LanternDecoding(mode, drafter, spec, label)
 
 
 class LanternDecodingConfig(io.ComfyNode):
@@ -21,10 +82,43 @@ class LanternDecodingConfig(io.ComfyNode):
             inputs=[
                 io.Combo.Input("mode", options=list(MODES), default="ar",
                                tooltip="; ".join(f"{k}: {v}" for k, v in MODES.items())),
+                LanternDrafterType.Input("drafter", optional=True,
+                                         tooltip="From Lantern: Load Drafter; needed by every mode except ar."),
+                io.Combo.Input("tree", options=TREES, default="auto",
+                               tooltip="Static tree for static_tree / lantern_pp. auto measures this machine's "
+                                       "verification cost curve and the drafter's acceptance on the first image, "
+                                       "then keeps the sub-tree of naive_extend_57 with the best tokens per second "
+                                       "(small trees on CPUs, large ones on GPUs). naive_extend_57: LANTERN++'s "
+                                       "default (57 nodes, depth 5); mc_sim_7b_63: EAGLE-1's (25 nodes); chain: "
+                                       "one path of chain_length; custom: custom_tree."),
+                io.Int.Input("chain_length", default=4, min=1, max=32, tooltip="Drafted tokens when tree = chain."),
+                io.String.Input("custom_tree", default="[[0], [1], [0, 0], [0, 0, 0]]", multiline=True,
+                                tooltip="tree = custom: JSON list of nodes as child ranks from the root (EAGLE's "
+                                        "choices format); every prefix must be listed, ranks without gaps."),
+                io.Int.Input("lantern_k", default=1000, min=1, max=65535,
+                             tooltip="lantern / lantern_pp: latent neighbours per token that may absorb mass "
+                                     "(LANTERN: 1000; LANTERN++: 5-10)."),
+                io.Float.Input("delta", default=0.1, min=0.0, max=1.0, step=0.01, round=0.001,
+                               tooltip="lantern: total-variation budget per token (0 = exact; the paper used "
+                                       "0.05-0.4: larger is faster, with more quality loss)."),
+                io.Float.Input("lam", default=5.0, min=1.0, max=100.0, step=0.5, round=0.01,
+                               display_name="lambda",
+                               tooltip="lantern_pp: the relaxed probability stays <= lambda x the target's "
+                                       "(1 = exact; LANTERN++ used 5-20)."),
+                io.Int.Input("eagle_depth", default=5, min=1, max=16,
+                             tooltip="eagle2 / lantern: drafted levels of the dynamic tree."),
+                io.Int.Input("eagle_top_k", default=10, min=1, max=64,
+                             tooltip="eagle2 / lantern: children per expanded node and frontier width."),
+                io.Int.Input("eagle_nodes", default=58, min=1, max=512,
+                             tooltip="eagle2 / lantern: drafted nodes verified per step (EAGLE-2: 58). On a CPU "
+                                     "each verified node costs time; 10-20 is usually faster there."),
             ],
             outputs=[LanternDecodingType.Output(display_name="decoding", tooltip="Feed into Lantern: Sampler.")],
         )
 
     @classmethod
-    def execute(cls, mode: str) -> io.NodeOutput:
-        return io.NodeOutput(LanternDecoding(mode=mode))
+    def execute(cls, mode: str, tree: str, chain_length: int, custom_tree: str, lantern_k: int, delta: float,
+                lam: float, eagle_depth: int, eagle_top_k: int, eagle_nodes: int, drafter=None) -> io.NodeOutput:
+        eagle = DynamicShape(eagle_depth, eagle_top_k, eagle_nodes)
+        return io.NodeOutput(build_decoding(mode, drafter, tree, chain_length, custom_tree, lantern_k, delta, lam,
+                                            eagle))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import folder_paths
 
-from ..lantern_core.embedded import EMBEDDED_GPT, EMBEDDED_NAME, EMBEDDED_VQ
+from ..lantern_core.embedded import EMBEDDED_DRAFTER, EMBEDDED_GPT, EMBEDDED_NAME, EMBEDDED_VQ
 from ..lantern_core.errors import LanternError
 
 # folder name (usable as a key in extra_model_paths.yaml) -> default location under models/
@@ -16,7 +16,9 @@ FOLDERS = {
     "lantern_checkpoints": "lantern/checkpoints",
     "lantern_vq": "lantern/vq",
     "lantern_text_encoders": "lantern/text_encoders",
+    "lantern_drafters": "lantern/drafters",
 }
+NEIGHBOR_CACHE = "lantern/neighbors"  # under models/: latent-neighbour tables, built on first use
 WEIGHT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin", ".ckpt"}
 EMBEDDED = EMBEDDED_NAME
 NONE = "none"
@@ -71,10 +73,18 @@ def list_text_encoders() -> list[str]:
     return [NONE] + _model_dirs("lantern_text_encoders")
 
 
+def list_drafters() -> list[str]:
+    return [EMBEDDED] + _weight_files("lantern_drafters") + _model_dirs("lantern_drafters")
+
+
+def neighbor_cache_dir() -> Path:
+    return Path(folder_paths.models_dir) / NEIGHBOR_CACHE
+
+
 def resolve(name: str, choice: str) -> Path:
     """Combo value -> absolute path, or a LanternError naming the folder to put the file in."""
     if choice == EMBEDDED:
-        return EMBEDDED_GPT if name == "lantern_checkpoints" else EMBEDDED_VQ
+        return {"lantern_checkpoints": EMBEDDED_GPT, "lantern_drafters": EMBEDDED_DRAFTER}.get(name, EMBEDDED_VQ)
     for root in folder_paths.get_folder_paths(name):
         candidate = Path(root) / choice.rstrip("/")
         if candidate.exists():

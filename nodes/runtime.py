@@ -21,7 +21,7 @@ import comfy.utils
 
 from ..lantern_core.checkpoints import load_gpt, load_vq
 
-from .types import LanternModel
+from .types import LanternDrafter, LanternModel
 
 log = logging.getLogger("lantern.nodes")
 
@@ -85,6 +85,21 @@ def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, dt
         return handle
 
 
+def load_drafter(path: Path, model: LanternModel, name: str) -> LanternDrafter:
+    """Load (or reuse) a drafter for `model`, in the target's dtype; refuses one that does not fit it."""
+    from ..lantern_core.drafter_io import load_drafter as load
+
+    key = ("drafter", str(path), model.name, str(model.config), str(model.dtype))
+    with _REGISTRY_LOCK:
+        cached = _REGISTRY.get(key)
+        if cached is not None:
+            return cached
+        loaded = load(path, model.config, device=mm.unet_offload_device(), dtype=model.dtype)
+        handle = LanternDrafter(name=name, drafter=_patcher(loaded.model), target_name=model.name)
+        _REGISTRY[key] = handle
+        return handle
+
+
 def live_models() -> int:
     """How many distinct loaded models are still referenced (by ComfyUI's output cache or a run)."""
     return len(_REGISTRY)
@@ -121,15 +136,22 @@ def previews_enabled() -> bool:
 
 
 def progress_callback(total_tokens: int, preview: Callable[[torch.Tensor, int], object] | None,
-                      preview_every: int) -> Callable[[int, int, torch.Tensor], None]:
+                      preview_every: int, tokens_per_image: int | None = None) -> Callable[[int, int, torch.Tensor], None]:
     """A lantern_core step callback: advances a ProgressBar in image tokens (which also raises on
-    Cancel) and, when previews are on, sends a partial-grid preview every `preview_every` tokens."""
+    Cancel) and, when previews are on, sends a partial-grid preview each time another `preview_every`
+    tokens are done (speculative steps jump several tokens). When images are drawn one after another,
+    `done` counts across them and `tokens` is the current image's row."""
     bar = comfy.utils.ProgressBar(total_tokens)
+    per_image = tokens_per_image or total_tokens
+    last = [0]
 
     def on_step(done: int, total: int, tokens: torch.Tensor) -> None:
         image = None
-        if preview is not None and (done % preview_every == 0 or done == total) and done < total:
-            image = preview(tokens, done)
+        in_image = done - (done - 1) // per_image * per_image  # cells done in the current image
+        crossed = done // preview_every > last[0] // preview_every
+        if preview is not None and crossed and in_image < per_image:
+            image = preview(tokens, in_image)
+        last[0] = done
         bar.update_absolute(done, total, image)
         check_interrupt()
 

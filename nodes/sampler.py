@@ -9,9 +9,12 @@ from ..lantern_core.conditioning import Condition
 from ..lantern_core.config import SamplingConfig
 from ..lantern_core.generate import GenerationResult, estimate_run_bytes, generate
 from ..lantern_core.images import to_unit_range
+from ..lantern_core.errors import LanternError
+from ..lantern_core.neighbors import load_or_build_neighbors
 from ..lantern_core.sampling import make_generators
+from ..lantern_core.speculative import SpeculativeStats, speculative_generate
 
-from . import runtime
+from . import paths, runtime
 from .types import (LanternCond, LanternCondType, LanternDecoding, LanternDecodingType, LanternModel,
                     LanternModelType, LanternTokens, LanternTokensType)
 
@@ -69,39 +72,76 @@ def _preview_decoder(model: LanternModel, device: torch.device):
     return preview
 
 
-def stats_payload(result: GenerationResult, mode: str, descriptions: list[str]) -> dict:
+def stats_payload(result: GenerationResult, decoding: LanternDecoding, descriptions: list[str]) -> dict:
     s = result.stats
-    return {"mode": mode, "batch": s.batch, "image_tokens": s.image_tokens, "forward_passes": s.forward_passes,
-            "wall_time_s": round(s.wall_time_s, 4), "tokens_per_s": round(s.tokens_per_s, 2),
-            "ms_per_step": round(s.ms_per_step, 3), "mean_accepted_length": round(s.mean_accepted_length, 4),
-            "speculative": mode != "ar", "conditions": descriptions, "heatmap": result.acceptance_grid(0)}
+    payload = {"mode": decoding.mode, "batch": s.batch, "image_tokens": s.image_tokens,
+               "forward_passes": s.forward_passes, "wall_time_s": round(s.wall_time_s, 4),
+               "tokens_per_s": round(s.tokens_per_s, 2), "ms_per_step": round(s.ms_per_step, 3),
+               "mean_accepted_length": round(s.mean_accepted_length, 4), "speculative": decoding.mode != "ar",
+               "conditions": descriptions, "heatmap": result.acceptance_grid(0)}
+    if isinstance(s, SpeculativeStats):
+        payload.update(tree=s.tree or decoding.tree_label, drafter=decoding.drafter.name,
+                       acceptance_by_depth=[round(a, 4) for a in s.acceptance_by_depth],
+                       accepted_histogram=s.accepted_histogram, drafter_forwards=s.drafter_forwards,
+                       relaxed_tokens=s.relaxed_tokens, mean_tvd_spent=round(s.mean_absorbed, 5),
+                       max_tvd_spent=round(s.max_absorbed, 5))
+    return payload
 
 
 def stats_text(payload: dict) -> str:
-    return (f"{payload['mode']}: {payload['batch']} x {payload['image_tokens']} tokens in "
+    text = (f"{payload['mode']}: {payload['batch']} x {payload['image_tokens']} tokens in "
             f"{payload['wall_time_s']:.2f} s ({payload['tokens_per_s']:.1f} tok/s), "
             f"{payload['forward_passes']} forward passes, mean accepted length {payload['mean_accepted_length']:.2f}")
+    if payload.get("speculative"):
+        depth = " ".join(f"{a:.2f}" for a in payload["acceptance_by_depth"])
+        text += f", tree {payload['tree']}, acceptance by depth [{depth}]"
+        if payload["relaxed_tokens"]:
+            text += f", TVD spent mean {payload['mean_tvd_spent']:.3f} max {payload['max_tvd_spent']:.3f}"
+    return text
+
+
+def _neighbors(model: LanternModel, decoding: LanternDecoding):
+    rule = decoding.spec.relaxation
+    if rule is None or rule.k == 0:
+        return None
+    codebook = model.vq.model.quantize.embedding.weight
+    return load_or_build_neighbors(codebook, rule.k, paths.neighbor_cache_dir())
 
 
 def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | None, sampling: SamplingConfig,
            seed: int, batch_size: int) -> tuple[LanternTokens, dict]:
     """One sampler run inside ComfyUI: place the model, generate with progress, release memory."""
-    mode = (decoding or LanternDecoding()).mode
+    decoding = decoding or LanternDecoding()
+    speculative = decoding.mode != "ar"
+    if speculative and decoding.drafter.target_name != model.name:
+        raise LanternError(f"the drafter '{decoding.drafter.name}' was loaded for '{decoding.drafter.target_name}', "
+                           f"but this sampler runs '{model.name}': connect the same model to Lantern: Load Drafter")
     condition, descriptions = expand(cond, batch_size)
+    neighbors = _neighbors(model, decoding) if speculative else None
     with runtime.run_scope():
         previews = runtime.previews_enabled()
         patchers = [model.gpt, model.vq] if previews else [model.gpt]
-        memory = estimate_run_bytes(model.config, condition.batch, sampling.uses_cfg, model.dtype)
+        if speculative:
+            patchers.insert(1, decoding.drafter.drafter)
+        memory = estimate_run_bytes(model.config, 1 if speculative else condition.batch, sampling.uses_cfg,
+                                    model.dtype)
         device = runtime.place(patchers, memory_required=memory)
         condition = Condition(
             labels=None if condition.labels is None else condition.labels.to(device),
             caption=None if condition.caption is None else condition.caption.to(device),
             caption_mask=None if condition.caption_mask is None else condition.caption_mask.to(device))
-        on_step = runtime.progress_callback(model.config.num_image_tokens,
+        n_tokens = model.config.num_image_tokens
+        on_step = runtime.progress_callback(n_tokens * (condition.batch if speculative else 1),
                                             _preview_decoder(model, device) if previews else None,
-                                            preview_every=model.config.grid_size * max(1, model.config.grid_size // 8))
-        result = generate(model.gpt.model, condition, sampling, make_generators(seed, condition.batch, device), on_step)
-    payload = stats_payload(result, mode, descriptions)
+                                            preview_every=model.config.grid_size * max(1, model.config.grid_size // 8),
+                                            tokens_per_image=n_tokens)
+        generators = make_generators(seed, condition.batch, device)
+        if speculative:
+            result = speculative_generate(model.gpt.model, decoding.drafter.drafter.model, condition, sampling,
+                                          decoding.spec, generators, neighbors, on_step)
+        else:
+            result = generate(model.gpt.model, condition, sampling, generators, on_step)
+    payload = stats_payload(result, decoding, descriptions)
     return LanternTokens(result.tokens.cpu(), model, payload), payload
 
 

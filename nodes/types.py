@@ -14,6 +14,7 @@ LanternModelType = io.Custom("LANTERN_MODEL")
 LanternCondType = io.Custom("LANTERN_COND")
 LanternDecodingType = io.Custom("LANTERN_DECODING")
 LanternTokensType = io.Custom("LANTERN_TOKENS")
+LanternDrafterType = io.Custom("LANTERN_DRAFTER")
 
 
 @dataclass
@@ -47,11 +48,28 @@ class LanternCond:
     caption_mask: torch.Tensor | None = None  # (B, T)
 
 
+@dataclass
+class LanternDrafter:
+    """A loaded EAGLE drafter (in its own ModelPatcher) and the target it was checked against."""
+
+    name: str
+    drafter: object  # ModelPatcher around lantern_core.EagleDrafter
+    target_name: str
+
+    @property
+    def config(self):
+        return self.drafter.model.config
+
+
 @dataclass(frozen=True)
 class LanternDecoding:
-    """The decoding mode and its parameters. Plain AR today; speculative modes add fields here."""
+    """The decoding mode and its parameters: plain AR, or a speculative mode with its drafter and
+    lantern_core.SpeculativeConfig (None for AR)."""
 
     mode: str = "ar"
+    drafter: LanternDrafter | None = None
+    spec: object | None = None  # lantern_core.speculative.SpeculativeConfig
+    tree_label: str = ""  # what the UI shows, e.g. "naive_extend_57" or "eagle2 d5 k10 n58"
 
 
 @dataclass

@@ -1,0 +1,412 @@
+"""Train an EAGLE / LANTERN feature drafter for a LlamaGen-architecture target (EAGLE's recipe, as LANTERN
+used it): teacher forcing through the frozen target, SmoothL1 on the next feature + 0.1 x soft
+cross-entropy against the target's own next-token distribution (through the target's frozen head),
+uniform noise on the input features, AdamW 1e-4 (0.9, 0.95), gradient clipping by value 0.5, linear
+warm-up (3% of an epoch) then linear decay, 10% unconditional samples (null class / saved
+`uncond_embedding`) so the drafter serves both CFG rows.
+
+Data (token sequences + conditions), from any mix of:
+  * `--images DIR`: real images, VQ-encoded (c2i: one sub-folder per class, named by index or class
+    name; t2i: `name.png|jpg` + `name.txt` caption, needs `--t5`), centre-cropped to the model's size;
+  * `--self-distill N`: N samples per class (c2i) or per line of `--prompts FILE` (t2i) drawn from the
+    target itself (LANTERN's Lumina "self-distilled" data), with `--cfg/--temperature/--top-k`;
+  * `--target embedded` with no other data: random crops of the embedded model's photos.
+Resumable (`--resume` continues from `OUT/train_state.pt` exactly as if never stopped), logs progress,
+writes the released drafter layout (config.json + model.safetensors) and `training_log.json` to `--out`.
+
+    python -m lantern_core.train_drafter --target embedded --out lantern_core/assets/default/drafter
+    python -m lantern_core.train_drafter --target c2i_L_256.pt --vq vq_ds16_c2i.pt --images imagenet_subset/ --out d
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .conditioning import Condition, build_prefix
+from .config import DrafterConfig, SamplingConfig
+from .drafter_io import save_drafter
+from .errors import ConfigError, LanternError
+from .generate import generate
+from .models.drafter import EagleDrafter
+from .models.gpt import ForwardStep, LlamaGenGPT
+from .models.kv_cache import attention_mask
+from .sampling import make_generators
+
+log = logging.getLogger("lantern_core.train_drafter")
+STATE_FILE = "train_state.pt"
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    epochs: int = 20
+    batch: int = 4
+    lr: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    clip_value: float = 0.5
+    warmup_ratio: float = 0.03
+    p_weight: float = 0.1  # weight of the soft cross-entropy term
+    noise_std: float = 0.2  # uniform feature noise: (U - 0.5) * std * 512 / L
+    uncond_prob: float = 0.1
+    seed: int = 0
+    checkpoint_every: int = 200  # steps between resumable snapshots
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch", "checkpoint_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(name, "an integer >= 1", getattr(self, name))
+        if not self.lr > 0:
+            raise ConfigError("lr", "a learning rate > 0", self.lr)
+        if not 0 <= self.uncond_prob <= 1:
+            raise ConfigError("uncond_prob", "a probability in [0, 1]", self.uncond_prob)
+
+
+@dataclass
+class DrafterData:
+    """Training sequences: image tokens (S, N) with class labels (S,) or caption features (S, T, C) + mask."""
+
+    tokens: torch.Tensor
+    labels: torch.Tensor | None = None
+    caption: torch.Tensor | None = None
+    caption_mask: torch.Tensor | None = None
+    sources: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def batch(self, idx: torch.Tensor, target: LlamaGenGPT, uncond: torch.Tensor) -> Condition:
+        """The conditions of rows idx, with rows where `uncond` is True made unconditional."""
+        if self.labels is not None:
+            labels = self.labels[idx].clone()
+            labels[uncond] = target.config.num_classes
+            return Condition(labels=labels)
+        caption = self.caption[idx].float().clone()
+        mask = self.caption_mask[idx].clone()
+        caption[uncond] = target.cls_embedding.uncond_embedding.float().cpu()
+        mask[uncond] = True
+        return Condition(caption=caption, caption_mask=mask)
+
+    @staticmethod
+    def concat(parts: list["DrafterData"]) -> "DrafterData":
+        cat = lambda xs: None if xs[0] is None else torch.cat(xs)  # noqa: E731
+        return DrafterData(torch.cat([p.tokens for p in parts]), cat([p.labels for p in parts]),
+                           cat([p.caption for p in parts]), cat([p.caption_mask for p in parts]),
+                           tuple(s for p in parts for s in p.sources))
+
+
+# ------------------------------------------------------------------------------------------ data
+
+def embedded_photo_data(vq, crops_per_class: int, seed: int) -> DrafterData:
+    """Random crops of the embedded model's training photos, VQ-encoded."""
+    import numpy as np
+
+    from .train_embedded import PHOTOS, load_photos, random_crops
+
+    photos = load_photos()
+    rng = np.random.default_rng(seed + 7)
+    labels = np.repeat(np.arange(len(PHOTOS)), crops_per_class)
+    tokens = []
+    with torch.no_grad():
+        for chunk in np.array_split(labels, max(1, len(labels) // 64)):
+            tokens.append(vq.encode(random_crops(photos, chunk, rng)))
+    return DrafterData(torch.cat(tokens).cpu(), torch.from_numpy(labels).long(),
+                       sources=(f"{crops_per_class} real crops per class of the embedded photos",))
+
+
+def _load_image(path: Path, size: int) -> torch.Tensor:
+    """ADM-style centre crop to size x size, as (3, size, size) in [-1, 1]."""
+    from PIL import Image
+
+    try:
+        img = Image.open(path).convert("RGB")
+    except OSError as exc:
+        raise LanternError(f"Cannot read image '{path}': expected a PNG/JPEG/WebP/BMP file, found {exc}. "
+                           "Fix: remove or re-save that file.") from exc
+    while min(img.size) >= 2 * size:
+        img = img.resize(tuple(x // 2 for x in img.size), Image.BOX)
+    scale = size / min(img.size)
+    img = img.resize(tuple(round(x * scale) for x in img.size), Image.BICUBIC)
+    left, top = (img.size[0] - size) // 2, (img.size[1] - size) // 2
+    img = img.crop((left, top, left + size, top + size))
+    x = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(size, size, 3)
+    return x.permute(2, 0, 1).float() / 127.5 - 1.0
+
+
+def image_folder_data(folder: Path, target: LlamaGenGPT, vq, class_names: list[str] | None,
+                      encoder=None) -> DrafterData:
+    """c2i: folder/<class index or name>/*.png; t2i: folder/*.png with a same-named .txt caption."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError("--images", "a folder of training images", str(folder))
+    size = target.config.grid_size * vq.config.downsample
+    device = vq.quantize.embedding.weight.device
+    if target.config.model_type == "c2i":
+        names = [n.lower() for n in (class_names or [])]
+        pairs = []
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+            key = sub.name.lower()
+            label = int(key) if key.isdigit() else (names.index(key) if key in names else None)
+            if label is None or not 0 <= label < target.config.num_classes:
+                raise ConfigError(f"class folder '{sub}'", f"a class index 0..{target.config.num_classes - 1}"
+                                  + (f" or one of {class_names}" if class_names else ""), sub.name)
+            pairs += [(p, label) for p in sorted(sub.iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES]
+        if not pairs:
+            raise ConfigError("--images", "one sub-folder per class holding images (c2i target)", str(folder))
+        tokens = [vq.encode(_load_image(p, size)[None].to(device)) for p, _ in pairs]
+        return DrafterData(torch.cat(tokens).cpu(), torch.tensor([lab for _, lab in pairs]),
+                           sources=(f"{len(pairs)} images from {folder}",))
+    if encoder is None:
+        raise ConfigError("--t5", "a Flan-T5 folder to encode the captions of a t2i target", None)
+    images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    missing = [p.name for p in images if not p.with_suffix(".txt").is_file()]
+    if not images or missing:
+        raise ConfigError("--images", "images with same-named .txt captions (t2i target)",
+                          f"missing captions for {missing[:3]}" if missing else "no images")
+    tokens = torch.cat([vq.encode(_load_image(p, size)[None].to(device)) for p in images]).cpu()
+    cond = encoder.encode([p.with_suffix(".txt").read_text().strip() for p in images])
+    return DrafterData(tokens, caption=cond.caption.half().cpu(), caption_mask=cond.caption_mask.cpu(),
+                       sources=(f"{len(images)} captioned images from {folder}",))
+
+
+def self_distilled_data(target: LlamaGenGPT, condition: Condition, sampling: SamplingConfig, seed: int,
+                        chunk: int = 32) -> DrafterData:
+    """Token sequences sampled from the target itself, one per condition row (seeds seed, seed+1, ...)."""
+    tokens = []
+    for start in range(0, condition.batch, chunk):
+        part = slice(start, start + chunk)
+        if condition.labels is not None:
+            c = Condition(labels=condition.labels[part])
+        else:
+            c = Condition(caption=condition.caption[part], caption_mask=condition.caption_mask[part])
+        result = generate(target, c, sampling, make_generators(seed + start, c.batch, target.output.weight.device))
+        tokens.append(result.tokens.cpu())
+        log.info("self-distillation: %d/%d sequences", min(start + chunk, condition.batch), condition.batch)
+    if condition.labels is not None:
+        return DrafterData(torch.cat(tokens), condition.labels.cpu(),
+                           sources=(f"{condition.batch} self-distilled samples ({sampling})",))
+    return DrafterData(torch.cat(tokens), caption=condition.caption.half().cpu(),
+                       caption_mask=condition.caption_mask.cpu(),
+                       sources=(f"{condition.batch} self-distilled samples ({sampling})",))
+
+
+# -------------------------------------------------------------------------------------- training
+
+def teacher_features(target: LlamaGenGPT, condition: Condition, tokens: torch.Tensor):
+    """Target hidden states over [prefix; tokens[:, :-1]] -> (features (B, T+N-1, dim), key_valid, T)."""
+    if condition.labels is not None:  # labels may include the null class (unconditional rows)
+        embeddings = target.embed_condition(condition.labels.to(tokens.device))
+        prefix_valid = torch.ones(embeddings.shape[:2], dtype=torch.bool, device=tokens.device)
+    else:
+        prefix = build_prefix(target, condition, guided=False)
+        embeddings, prefix_valid = prefix.embeddings, prefix.key_valid
+    h = torch.cat([embeddings, target.embed_tokens(tokens[:, :-1])], dim=1)  # (B, T + N - 1, dim)
+    L, T = h.shape[1], embeddings.shape[1]
+    key_valid = torch.ones(h.shape[0], L, dtype=torch.bool, device=h.device)
+    key_valid[:, :T] = prefix_valid
+    positions = torch.arange(L, device=h.device)
+    features = target(h, ForwardStep(positions, mask=attention_mask(key_valid, positions, L)))
+    return features, key_valid, T
+
+
+def drafter_loss(drafter: EagleDrafter, target: LlamaGenGPT, condition: Condition, tokens: torch.Tensor,
+                 recipe: Recipe, generator: torch.Generator) -> tuple[torch.Tensor, dict]:
+    """EAGLE loss on one batch: drafter position s sees (f_s, x_{s+1}) and predicts f_{s+1}."""
+    with torch.no_grad():
+        features, key_valid, T = teacher_features(target, condition, tokens)
+    B, L, _ = features.shape
+    fed = torch.zeros(B, L, dtype=torch.long, device=tokens.device)
+    fed[:, T - 1:] = tokens  # x_{s+1}: zeros over the prefix, then the image tokens
+    noise = (torch.rand(features.shape, generator=generator, device=features.device) - 0.5)
+    noisy = features + noise * recipe.noise_std * 512 / L
+    positions = torch.arange(L, device=features.device)
+    pred = drafter(noisy, fed, ForwardStep(positions, mask=attention_mask(key_valid, positions, L)))
+    pred, goal = pred[:, T - 1:L - 1], features[:, T:]  # predictions of f_T .. f_{T+N-2} (real image tokens)
+    value = F.smooth_l1_loss(pred.float(), goal.float())
+    with torch.no_grad():
+        goal_logits = target.logits(goal)
+        goal_p = goal_logits.softmax(-1)
+    pred_logits = target.logits(pred)
+    prob = -(goal_p * pred_logits.log_softmax(-1)).sum(-1).mean()
+    top1 = (pred_logits.argmax(-1) == goal_logits.argmax(-1)).float().mean()
+    loss = value + recipe.p_weight * prob
+    return loss, {"loss": loss.item(), "value": value.item(), "prob": prob.item(), "top1": top1.item()}
+
+
+def lr_factor(step: int, steps_per_epoch: int, total: int, recipe: Recipe) -> float:
+    warmup = max(1, int(recipe.warmup_ratio * steps_per_epoch))
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def _batch_order(n: int, batch: int, epoch: int, seed: int) -> list[torch.Tensor]:
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return [perm[i:i + batch] for i in range(0, n - batch + 1, batch)] or [perm]
+
+
+def train_drafter(target: LlamaGenGPT, data: DrafterData, recipe: Recipe, out: Path, resume: bool = False,
+                  drafter: EagleDrafter | None = None, max_steps: int | None = None) -> tuple[EagleDrafter, dict]:
+    """Train (or resume) a drafter for `target` on `data`; returns the drafter and the training record.
+    `max_steps` stops early (a resumable snapshot is written), for time-boxed runs and tests."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = target.output.weight.device
+    target.requires_grad_(False).eval()
+    if drafter is None:
+        drafter = EagleDrafter(DrafterConfig.for_target(target.config)).to(device)
+        drafter.init_from_target(target, torch.Generator().manual_seed(recipe.seed))
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(recipe.beta1, recipe.beta2), weight_decay=0.0)
+    steps_per_epoch = len(_batch_order(len(data), recipe.batch, 0, recipe.seed))
+    total = recipe.epochs * steps_per_epoch
+    step, history = 0, []
+    state_path = out / STATE_FILE
+    if resume and state_path.is_file():
+        state = torch.load(state_path, weights_only=True, map_location=device)
+        if state["recipe"] != json.dumps(asdict(recipe), sort_keys=True) or state["samples"] != len(data):
+            raise ConfigError("--resume", f"the recipe and data of the run in {state_path}",
+                              "a different recipe or dataset", "resume with the same arguments, or drop --resume")
+        drafter.load_state_dict(state["drafter"], strict=True)
+        opt.load_state_dict(state["optimizer"])
+        step, history = int(state["step"]), json.loads(state["history"])
+        log.info("resumed at step %d/%d", step, total)
+    drafter.train()
+    t0, window = time.perf_counter(), []
+    stop_at = total if max_steps is None else min(total, max_steps)
+    while step < stop_at:
+        epoch, within = divmod(step, steps_per_epoch)
+        idx = _batch_order(len(data), recipe.batch, epoch, recipe.seed)[within]
+        g = torch.Generator(device=device).manual_seed(recipe.seed * 1_000_003 + step)
+        uncond = torch.rand(idx.numel(), generator=torch.Generator().manual_seed(recipe.seed + 31 * step)) \
+            < recipe.uncond_prob
+        cond = data.batch(idx, target, uncond)
+        loss, parts = drafter_loss(drafter, target, cond, data.tokens[idx].to(device), recipe, g)
+        for group in opt.param_groups:
+            group["lr"] = recipe.lr * lr_factor(step, steps_per_epoch, total, recipe)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_value_(params, recipe.clip_value)
+        opt.step()
+        step += 1
+        window.append(parts)
+        if step % 50 == 0 or step == stop_at:
+            mean = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
+            history.append({"step": step, "epoch": step / steps_per_epoch, **mean})
+            rate = (time.perf_counter() - t0) / max(1, len(window) + 50 * (len(history) - 1))
+            log.info("step %d/%d (epoch %.2f) loss %.4f value %.4f prob %.3f top-1 %.3f, %.2f s/step",
+                     step, total, step / steps_per_epoch, mean["loss"], mean["value"], mean["prob"], mean["top1"], rate)
+            window = []
+        if step % recipe.checkpoint_every == 0 or step == stop_at:
+            snapshot = {"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                        "history": json.dumps(history), "samples": len(data),
+                        "recipe": json.dumps(asdict(recipe), sort_keys=True)}
+            tmp = state_path.with_suffix(".tmp")
+            torch.save(snapshot, tmp)
+            tmp.replace(state_path)
+    drafter.eval()
+    record = {"recipe": asdict(recipe), "steps": step, "total_steps": total, "steps_per_epoch": steps_per_epoch,
+              "samples": len(data), "data": list(data.sources), "history": history, "finished": step >= total}
+    return drafter, record
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lantern_core.train_drafter", description=__doc__.splitlines()[0])
+    p.add_argument("--target", required=True, help="'embedded' or a LlamaGen GPT checkpoint (file or HF folder)")
+    p.add_argument("--vq", help="VQ tokenizer for --images (default: the embedded one with --target embedded)")
+    p.add_argument("--t5", help="Flan-T5 folder (t2i targets)")
+    p.add_argument("--images", type=Path, help="folder of training images (see module docs)")
+    p.add_argument("--prompts", type=Path, help="t2i self-distillation: a text file, one prompt per line")
+    p.add_argument("--self-distill", type=int, default=0, help="samples per class / prompt drawn from the target")
+    p.add_argument("--crops-per-class", type=int, default=None,
+                   help="--target embedded: real crops per class of its photos (default 128 when no other data)")
+    p.add_argument("--cfg", type=float, default=3.0, help="self-distillation CFG scale")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True, help="output folder (drafter + training_log.json)")
+    p.add_argument("--resume", action="store_true", help="continue the run snapshotted in --out")
+    p.add_argument("--max-steps", type=int, help="stop after this many steps (resumable)")
+    p.add_argument("--device", default="cpu")
+    for field_name, default in asdict(Recipe()).items():
+        p.add_argument(f"--{field_name.replace('_', '-')}", type=type(default), default=default)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.set_flush_denormal(True)  # denormal Adam moments slow CPU steps ~10x; process-wide, restored below
+    try:
+        train_from_args(args)
+    except LanternError as exc:
+        log.error("%s", exc)
+        return 2
+    finally:
+        torch.set_flush_denormal(False)
+    return 0
+
+
+def train_from_args(args: argparse.Namespace) -> dict:
+    from .checkpoints import load_gpt, load_vq
+    from .embedded import load_embedded
+
+    recipe = Recipe(**{k: getattr(args, k) for k in asdict(Recipe())})
+    if args.target == "embedded":
+        pipe = load_embedded(args.device)
+        gpt, vq = pipe.gpt, pipe.vq.model if args.vq is None else load_vq(args.vq, args.device).model
+    else:
+        gpt = load_gpt(args.target, device=args.device)
+        vq = load_vq(args.vq, args.device).model if args.vq else None
+    target = gpt.model
+    encoder = None
+    if target.config.model_type == "t2i" and (args.images or args.prompts):
+        from .text_encoder import T5CaptionEncoder
+
+        if not args.t5:
+            raise ConfigError("--t5", "a Flan-T5 folder for a text-conditional target", None)
+        encoder = T5CaptionEncoder(args.t5, args.device, max_tokens=target.config.cls_token_num)
+    parts = []
+    if args.images:
+        if vq is None:
+            raise ConfigError("--vq", "the target's VQ tokenizer to encode --images", None)
+        parts.append(image_folder_data(args.images, target, vq, gpt.class_names, encoder))
+    if args.self_distill:
+        sampling = SamplingConfig(cfg_scale=args.cfg, temperature=args.temperature, top_k=args.top_k)
+        if target.config.model_type == "c2i":
+            labels = torch.arange(target.config.num_classes).repeat_interleave(args.self_distill)
+            cond = Condition(labels=labels)
+        else:
+            if not args.prompts:
+                raise ConfigError("--prompts", "a prompt file for t2i self-distillation", None)
+            prompts = [x.strip() for x in args.prompts.read_text().splitlines() if x.strip()] * args.self_distill
+            cond = encoder.encode(prompts)
+        parts.append(self_distilled_data(target, cond, sampling, recipe.seed + 1000))
+    crops = args.crops_per_class if args.crops_per_class is not None else (0 if parts else 128)
+    if args.target == "embedded" and crops > 0:
+        parts.append(embedded_photo_data(vq, crops, recipe.seed))
+    if not parts:
+        raise ConfigError("training data", "--images and/or --self-distill", "neither")
+    data = DrafterData.concat(parts)
+    drafter, record = train_drafter(target, data, recipe, args.out, resume=args.resume, max_steps=args.max_steps)
+    record["target"] = args.target
+    half = {k: v.half().float() if v.is_floating_point() else v for k, v in drafter.state_dict().items()}
+    drafter.load_state_dict(half)  # what we save (fp16) is what we measured
+    save_drafter(drafter, args.out, extra={"target": args.target, "trained_steps": record["steps"]},
+                 dtype=torch.float16)
+    (args.out / "training_log.json").write_text(json.dumps(record, indent=2, sort_keys=True))
+    log.info("saved %s (%d steps%s)", args.out, record["steps"], "" if record["finished"] else ", unfinished: --resume")
+    return record
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
