@@ -7,7 +7,7 @@ HOST_STAMP := .host/.installed
 COMFY := .host/ComfyUI
 DEMO_OUT ?= outputs/demo
 
-.PHONY: demo test serve bench bench-cuda train-default host browser cli-demo clean
+.PHONY: demo test serve bench bench-cuda train-default train-default-drafter host browser cli-demo clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,17 +43,26 @@ test: $(HOST_STAMP) browser
 serve: $(HOST_STAMP)
 	$(PY) tests/host/comfy_server.py serve --port 8188
 
-## AR benchmarks on this CPU -> bench/results/ar_cpu_float32.{json,md}.
+## Benchmarks on this CPU -> bench/results/{ar,speculative}_cpu_float32.{json,md}
+## (AR overhead and cost curve; then AR vs EAGLE-2 / static tree / LANTERN / LANTERN++, 200 images per row).
 bench: $(STAMP)
 	$(PY) -m lantern_core.bench --out bench/results
+	$(PY) -m lantern_core.bench_speculative --out bench/results
 
 ## The GPU variant (< 5 min on one GPU) -> bench/results/ar_cuda_bfloat16.{json,md}.
 bench-cuda: $(STAMP)
 	$(PY) -m lantern_core.bench --device cuda --dtype bfloat16 --out bench/results
+	$(PY) -m lantern_core.bench_speculative --device cuda --dtype bfloat16 --out bench/results
 
 ## Re-train the embedded default model (~20 min on 2 CPU cores; deterministic).
 train-default: $(STAMP)
 	$(PY) -m lantern_core.train_embedded --out lantern_core/assets/default --seed 0
+	$(MAKE) train-default-drafter
+
+## Re-train the embedded model's drafter (~15 min on 2 CPU cores; deterministic).
+train-default-drafter: $(STAMP)
+	$(PY) -m lantern_core.train_drafter --target embedded --out lantern_core/assets/default/drafter \
+	    --self-distill 96 --crops-per-class 64 --epochs 20 --batch 8 --lr 1e-3 --evaluate
 
 clean:
 	rm -rf $(VENV) .host outputs

@@ -118,13 +118,14 @@ _AUTO_CHOICES: "weakref.WeakKeyDictionary[EagleDrafter, dict]" = weakref.WeakKey
 _COSTS: "weakref.WeakKeyDictionary[EagleDrafter, dict]" = weakref.WeakKeyDictionary()
 
 
-def _sampling_key(sampling: SamplingConfig) -> tuple:
+def _auto_key(sampling: SamplingConfig, spec: SpeculativeConfig) -> tuple:
+    """What the best tree depends on besides the machine: sampling, acceptance rule and base tree."""
     return (sampling.uses_cfg, sampling.greedy, round(sampling.temperature, 3), sampling.top_k,
-            round(sampling.top_p, 3))
+            round(sampling.top_p, 3), spec.relaxation, spec.static_tree.paths)
 
 
-def _auto_choice(drafter: EagleDrafter, sampling: SamplingConfig) -> TreeSpec | None:
-    return _AUTO_CHOICES.get(drafter, {}).get(_sampling_key(sampling))
+def _auto_choice(drafter: EagleDrafter, sampling: SamplingConfig, spec: SpeculativeConfig) -> TreeSpec | None:
+    return _AUTO_CHOICES.get(drafter, {}).get(_auto_key(sampling, spec))
 
 
 def _costs(model: LlamaGenGPT, drafter: EagleDrafter, rows: int) -> CostCurve:
@@ -133,6 +134,25 @@ def _costs(model: LlamaGenGPT, drafter: EagleDrafter, rows: int) -> CostCurve:
     if key not in per_drafter:
         per_drafter[key] = measure_costs(model, drafter, rows)
     return per_drafter[key]
+
+
+def _calibrate(model: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
+               spec: SpeculativeConfig, neighbors: torch.Tensor | None) -> TreeSpec:
+    """Decode one scratch image on the base tree (fixed seed, output discarded) to measure each node's
+    acceptance, measure the cost curve, choose the sub-tree and remember it. Seeds of the user's images
+    are untouched, so every image of every run uses the same tree: same seed, same image."""
+    device = model.tok_embeddings.weight.device
+    N = model.config.num_image_tokens
+    scratch = _Tally(by_node=torch.zeros(spec.static_tree.num_nodes + 1, dtype=torch.long))
+    out = torch.empty(N, dtype=torch.long, device=device)
+    cells = torch.ones(N, dtype=torch.int32, device=device)
+    _decode_one(model, drafter, condition, sampling, spec, plan_static_tree(spec.static_tree, device),
+                torch.Generator(device=device).manual_seed(0), neighbors, out, cells, scratch, lambda done: None)
+    rows = 2 if sampling.uses_cfg else 1
+    rates = node_rates(spec.static_tree, scratch.by_node.tolist(), scratch.iterations)
+    chosen, _ = choose_subtree(spec.static_tree, rates, _costs(model, drafter, rows))
+    _AUTO_CHOICES.setdefault(drafter, {})[_auto_key(sampling, spec)] = chosen
+    return chosen
 
 
 def _one_condition(condition: Condition, i: int) -> Condition:
@@ -182,27 +202,22 @@ def speculative_generate(model: LlamaGenGPT, drafter: EagleDrafter, condition: C
     tally = _Tally(by_node=torch.zeros(spec.max_nodes + 1, dtype=torch.long))
     tree_name = spec.static_tree.name if spec.tree == "static" else (
         f"eagle2 d{spec.dynamic.depth} k{spec.dynamic.top_k} n{spec.dynamic.nodes}")
-    plan, calibrating = None, False
+    plan = None
     if spec.tree != "dynamic":
-        chosen = _auto_choice(drafter, sampling) if spec.tree == "auto" else None
-        calibrating = spec.tree == "auto" and chosen is None
-        plan = plan_static_tree(chosen or spec.static_tree, device)
+        chosen = _auto_choice(drafter, sampling, spec) if spec.tree == "auto" else None
         if spec.tree == "auto":
-            tree_name = f"{(chosen or spec.static_tree).name} (auto, of {spec.static_tree.name})"
+            note = ""
+            if chosen is None:  # calibrate once per drafter and sampling setting, on a scratch image
+                chosen = _calibrate(model, drafter, _one_condition(condition, 0), sampling, spec, neighbors)
+                note = "; calibrated in this run"
+            tree_name = f"{chosen.name} (auto, of {spec.static_tree.name}{note})"
+        plan = plan_static_tree(chosen or spec.static_tree, device)
     for i in range(B):
         def report(done: int, _i=i) -> None:
             if on_step is not None:
                 on_step(_i * N + done, B * N, tokens[_i:_i + 1])
         _decode_one(model, drafter, _one_condition(condition, i), sampling, spec, plan,
                     _generator_for(generator, i), neighbors, tokens[i], per_cell[i], tally, report)
-        if calibrating:  # the first image ran on the base tree: choose for the rest (and later runs)
-            rows = 2 if sampling.uses_cfg else 1
-            chosen, _ = choose_subtree(spec.static_tree, node_rates(spec.static_tree, tally.by_node.tolist(),
-                                                                   tally.iterations),
-                                       _costs(model, drafter, rows))
-            _AUTO_CHOICES.setdefault(drafter, {})[_sampling_key(sampling)] = chosen
-            plan, calibrating = plan_static_tree(chosen, device), False
-            tree_name = f"{chosen.name} (auto, of {spec.static_tree.name}; calibrated on image 1)"
     synchronize(device)
     hist = tally.histogram
     reached = [sum(hist[d:]) for d in range(len(hist))]
@@ -248,7 +263,7 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
         length, done = T, 1
         while done < N:
             root = out[done - 1:done]  # (G=1,)
-            if spec.tree == "static":
+            if plan is not None:  # static or auto
                 tree = draft_static(session, model, plan, root, done - 1, dist, sampling.greedy, generator)
             else:
                 tree = draft_dynamic(session, model, spec.dynamic, root, done - 1, dist)

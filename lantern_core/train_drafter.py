@@ -318,6 +318,70 @@ def train_drafter(target: LlamaGenGPT, data: DrafterData, recipe: Recipe, out: P
     return drafter, record
 
 
+# ------------------------------------------------------------------------------------ evaluation
+
+@torch.no_grad()
+def measure_acceptance(target: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
+                       seed: int) -> dict:
+    """Mean accepted length and per-depth acceptance of exact decoding with the published trees."""
+    from .drafting import DynamicShape
+    from .speculative import SpeculativeConfig, speculative_generate
+    from .tree import MC_SIM_7B_63, NAIVE_EXTEND_57, chain_tree
+
+    trees = {"naive_extend_57": SpeculativeConfig(static_tree=NAIVE_EXTEND_57),
+             "mc_sim_7b_63": SpeculativeConfig(static_tree=MC_SIM_7B_63),
+             "chain_4": SpeculativeConfig(static_tree=chain_tree(4)),
+             "eagle2 d5 k10 n58": SpeculativeConfig(tree="dynamic", dynamic=DynamicShape(5, 10, 58))}
+    out = {}
+    for name, spec in trees.items():
+        result = speculative_generate(target, drafter, condition, sampling, spec,
+                                      make_generators(seed, condition.batch, target.output.weight.device))
+        out[name] = {"mean_accepted_length": round(result.stats.mean_accepted_length, 3),
+                     "acceptance_by_depth": [round(a, 3) for a in result.stats.acceptance_by_depth]}
+        log.info("acceptance with %s: %s", name, out[name])
+    return out
+
+
+def write_card(record: dict, out: Path) -> None:
+    """DRAFTER_CARD.md for a drafter of the embedded model, from its training record."""
+    r, ev = record["recipe"], record.get("evaluation", {})
+    hist = record["history"]
+    rows = "\n".join(f"| {name} | {v['mean_accepted_length']:.2f} | {' '.join(f'{a:.2f}' for a in v['acceptance_by_depth'])} |"
+                     for name, v in ev.get("trees", {}).items())
+    size = sum(p.stat().st_size for p in out.glob("*.safetensors")) / 2**20
+    text = f"""# Drafter of lantern-tiny-photos (embedded)
+
+An EAGLE / LANTERN feature drafter for the embedded default model, in LANTERN's released layout
+(`config.json` + `model.safetensors`, HF key names; {size:.1f} MiB fp16): one decoder layer on
+[token embedding; target feature] (fc with bias, no input norm, 2-D RoPE shifted by one position),
+the target's frozen output head, its token embedding copied from the target and frozen.
+
+## Command
+`{record.get("command", "")}`
+(`make train-default-drafter`). Deterministic (explicit generators from `--seed` {r["seed"]}); resumable with `--resume`.
+
+## Data
+{"; ".join(record["data"])}. {record["samples"]} sequences of 256 tokens; each batch row is made
+unconditional (null class) with probability {r["uncond_prob"]}.
+
+## Recipe (EAGLE's, as LANTERN used it)
+SmoothL1 on the next feature + {r["p_weight"]} x soft cross-entropy against the target's next-token
+distribution; uniform feature noise (std {r["noise_std"]}); AdamW betas ({r["beta1"]}, {r["beta2"]}), no
+weight decay; clip by value {r["clip_value"]}; {r["warmup_ratio"]:.0%} warm-up then linear decay;
+{r["epochs"]} epochs, batch {r["batch"]} ({record["steps"]} steps). Learning rate {r["lr"]}: 10x EAGLE's
+1e-4, because this drafter starts from scratch on a tiny dataset and a CPU budget.
+Loss {hist[0]["loss"]:.3f} -> {hist[-1]["loss"]:.3f}; top-1 agreement with the target's next token
+{hist[0]["top1"]:.3f} -> {hist[-1]["top1"]:.3f} (training batches, last 50 steps). Wall time
+{record.get("train_s", 0) / 60:.1f} min on 2 CPU threads (torch {torch.__version__}).
+
+## Measured acceptance (exact decoding, {ev.get("images", 0)} images, cfg {ev.get("cfg", 0)}, temperature 1)
+| tree | mean accepted length (tokens per target forward) | acceptance by depth |
+|---|---|---|
+{rows}
+"""
+    (out / "DRAFTER_CARD.md").write_text(text)
+
+
 # ------------------------------------------------------------------------------------------- CLI
 
 def build_parser() -> argparse.ArgumentParser:
@@ -337,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run snapshotted in --out")
     p.add_argument("--max-steps", type=int, help="stop after this many steps (resumable)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--evaluate", action="store_true", help="measure acceptance on 16 images after training")
     for field_name, default in asdict(Recipe()).items():
         p.add_argument(f"--{field_name.replace('_', '-')}", type=type(default), default=default)
     return p
@@ -344,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else __import__("sys").argv[1:]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_flush_denormal(True)  # denormal Adam moments slow CPU steps ~10x; process-wide, restored below
     try:
@@ -397,13 +463,22 @@ def train_from_args(args: argparse.Namespace) -> dict:
     if not parts:
         raise ConfigError("training data", "--images and/or --self-distill", "neither")
     data = DrafterData.concat(parts)
+    t0 = time.perf_counter()
     drafter, record = train_drafter(target, data, recipe, args.out, resume=args.resume, max_steps=args.max_steps)
-    record["target"] = args.target
+    record.update(target=args.target, train_s=time.perf_counter() - t0,
+                  command="python -m lantern_core.train_drafter " + " ".join(args.argv))
     half = {k: v.half().float() if v.is_floating_point() else v for k, v in drafter.state_dict().items()}
     drafter.load_state_dict(half)  # what we save (fp16) is what we measured
+    if args.evaluate and target.config.model_type == "c2i":
+        labels = torch.arange(target.config.num_classes).repeat(2)
+        sampling = SamplingConfig(cfg_scale=3.0, temperature=1.0)
+        record["evaluation"] = {"images": labels.numel(), "cfg": 3.0, "trees": measure_acceptance(
+            target, drafter, Condition(labels=labels.to(args.device)), sampling, seed=recipe.seed + 5000)}
     save_drafter(drafter, args.out, extra={"target": args.target, "trained_steps": record["steps"]},
                  dtype=torch.float16)
     (args.out / "training_log.json").write_text(json.dumps(record, indent=2, sort_keys=True))
+    if args.target == "embedded" and "evaluation" in record:
+        write_card(record, args.out)
     log.info("saved %s (%d steps%s)", args.out, record["steps"], "" if record["finished"] else ", unfinished: --resume")
     return record
 

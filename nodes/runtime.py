@@ -21,7 +21,7 @@ import comfy.utils
 
 from ..lantern_core.checkpoints import load_gpt, load_vq
 
-from .types import LanternDrafter, LanternModel
+from .types import LanternDrafter, LanternModel, target_key
 
 log = logging.getLogger("lantern.nodes")
 
@@ -95,7 +95,8 @@ def load_drafter(path: Path, model: LanternModel, name: str) -> LanternDrafter:
         if cached is not None:
             return cached
         loaded = load(path, model.config, device=mm.unet_offload_device(), dtype=model.dtype)
-        handle = LanternDrafter(name=name, drafter=_patcher(loaded.model), target_name=model.name)
+        handle = LanternDrafter(name=name, drafter=_patcher(loaded.model), target_name=model.name,
+                                target_key=target_key(model))
         _REGISTRY[key] = handle
         return handle
 

@@ -113,9 +113,11 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
     """One sampler run inside ComfyUI: place the model, generate with progress, release memory."""
     decoding = decoding or LanternDecoding()
     speculative = decoding.mode != "ar"
-    if speculative and decoding.drafter.target_name != model.name:
-        raise LanternError(f"the drafter '{decoding.drafter.name}' was loaded for '{decoding.drafter.target_name}', "
-                           f"but this sampler runs '{model.name}': connect the same model to Lantern: Load Drafter")
+    if speculative and not decoding.drafter.fits(model):
+        key = decoding.drafter.target_key
+        raise LanternError(f"the drafter '{decoding.drafter.name}' was loaded for '{key[0]}' ({key[1]}), but this "
+                           f"sampler runs '{model.name}' ({model.dtype}): connect the same model to "
+                           "Lantern: Load Drafter")
     condition, descriptions = expand(cond, batch_size)
     neighbors = _neighbors(model, decoding) if speculative else None
     with runtime.run_scope():

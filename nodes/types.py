@@ -38,6 +38,10 @@ class LanternModel:
         return self.config.grid_size * self.vq.model.config.downsample
 
 
+def target_key(model: LanternModel) -> tuple:
+    return (model.name, str(model.dtype), model.config)
+
+
 @dataclass
 class LanternCond:
     """What to draw: class labels (c2i) or encoded, left-padded captions (t2i), on the CPU."""
@@ -55,6 +59,10 @@ class LanternDrafter:
     name: str
     drafter: object  # ModelPatcher around lantern_core.EagleDrafter
     target_name: str
+    target_key: tuple = ()  # (name, dtype, config) of the target it was loaded for
+
+    def fits(self, model: "LanternModel") -> bool:
+        return self.target_key == target_key(model)
 
     @property
     def config(self):

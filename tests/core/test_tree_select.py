@@ -6,7 +6,7 @@ import torch
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
 from lantern_core.sampling import make_generators
-from lantern_core.speculative import SpeculativeConfig, speculative_generate
+from lantern_core.speculative import _AUTO_CHOICES, SpeculativeConfig, speculative_generate
 from lantern_core.tree import NAIVE_EXTEND_57, TreeSpec
 from lantern_core.tree_select import CostCurve, choose_subtree, measure_costs, node_rates
 from tests.tiny_models import TINY_C2I, random_drafter, random_gpt
@@ -60,6 +60,13 @@ def test_measured_curve_and_auto_runs_calibrate_once():
     first = speculative_generate(model, drafter, Condition.classes([0, 1]), sampling, SpeculativeConfig(tree="auto"),
                                  make_generators(0, 2))
     assert "calibrated" in first.stats.tree and first.stats.tree.startswith("auto_")
+    redo = speculative_generate(model, drafter, Condition.classes([0, 1]), sampling, SpeculativeConfig(tree="auto"),
+                                make_generators(0, 2))
+    assert torch.equal(redo.tokens, first.tokens)  # calibration never changes what a seed draws
+    chosen = _AUTO_CHOICES[drafter]
+    (tree,) = chosen.values()
+    assert set(tree.paths) <= set(NAIVE_EXTEND_57.paths)  # a static sub-tree, drafted as one
+    assert first.stats.accepted_histogram and len(first.stats.accepted_histogram) <= tree.depth + 1
     again = speculative_generate(model, drafter, Condition.classes([2]), sampling, SpeculativeConfig(tree="auto"),
                                  make_generators(5, 1))
     assert again.stats.tree.split(" ")[0] == first.stats.tree.split(" ")[0] and "calibrated" not in again.stats.tree

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-NODE_IDS = ["LanternModelLoader", "LanternConditioning", "LanternDecodingConfig", "LanternSampler",
+NODE_IDS = ["LanternModelLoader", "LanternDrafterLoader", "LanternConditioning", "LanternDecodingConfig", "LanternSampler",
             "LanternDecode", "LanternGenerate"]
 
 
@@ -40,7 +40,8 @@ def test_schemas_are_prefixed_documented_and_tooltipped(node):
         doc = REPO / "web" / "docs" / f"{node_id}.md"
         assert doc.is_file() and node_id in doc.read_text(), doc
     types = {o.io_type for cls in node.values() for o in cls.define_schema().outputs}
-    assert {"LANTERN_MODEL", "LANTERN_COND", "LANTERN_DECODING", "LANTERN_TOKENS", "IMAGE", "STRING"} <= types
+    assert {"LANTERN_MODEL", "LANTERN_DRAFTER", "LANTERN_COND", "LANTERN_DECODING", "LANTERN_TOKENS", "IMAGE",
+            "STRING"} <= types
 
 
 def test_loader_lists_the_embedded_model_first_and_shares_identical_loads(pack, node, model):

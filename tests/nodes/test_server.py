@@ -47,14 +47,15 @@ def saved_image(server, result) -> Image.Image:
 
 def test_nodes_extension_and_templates_are_registered(server, object_info):
     ours = {k: v for k, v in object_info.items() if k.startswith("Lantern")}
-    assert sorted(ours) == sorted(["LanternModelLoader", "LanternConditioning", "LanternDecodingConfig",
+    assert sorted(ours) == sorted(["LanternModelLoader", "LanternDrafterLoader", "LanternConditioning",
+                                   "LanternDecodingConfig",
                                    "LanternSampler", "LanternDecode", "LanternGenerate"])
     assert all(v["category"].startswith("LANTERN") for v in ours.values())
     assert ours["LanternModelLoader"]["input"]["required"]["checkpoint"][1]["options"][0].endswith("(embedded)") or \
         ours["LanternModelLoader"]["input"]["required"]["checkpoint"][0][0].endswith("(embedded)")
     assert "/extensions/lantern/js/lantern_stats.js" in server.get("/extensions")
     templates = server.get("/workflow_templates")
-    assert "lantern_embedded_model" in templates.get("lantern", [])
+    assert {"lantern_embedded_model", "lantern_pp_embedded_model"} <= set(templates.get("lantern", []))
 
 
 def test_example_workflow_runs_with_progress_previews_and_stats(server, prompt):
@@ -70,6 +71,22 @@ def test_example_workflow_runs_with_progress_previews_and_stats(server, prompt):
     stats = executed[0]["output"]["lantern_stats"][0]
     assert stats["forward_passes"] == 256 and stats["heatmap"] == [[1] * 16] * 16
     assert stats["conditions"] == ["astronaut"]
+
+
+def test_lantern_pp_example_runs_on_a_fresh_install(server, object_info):
+    """The shipped LANTERN++ workflow (embedded model + embedded drafter, auto tree) end to end over HTTP."""
+    workflow = json.loads((REPO / "example_workflows" / "lantern_pp_embedded_model.json").read_text())
+    pp = ui_to_api(workflow, object_info)
+    result = run_prompt(server.url, pp)
+    assert result.status == "success", result.messages[-3:]
+    assert saved_image(server, result).size == (128, 128)
+    sampler_id = next(k for k, v in pp.items() if v["class_type"] == "LanternSampler")
+    stats = next(d for d in result.of_type("executed") if d["node"] == sampler_id)["output"]["lantern_stats"][0]
+    assert stats["mode"] == "lantern_pp" and stats["speculative"]
+    assert stats["forward_passes"] < 256 and stats["mean_accepted_length"] > 1.2
+    assert stats["tree"].startswith("auto_") and max(max(row) for row in stats["heatmap"]) > 1
+    progress = [d for d in result.of_type("progress") if d.get("node") == sampler_id]
+    assert progress and progress[-1]["value"] == progress[-1]["max"] == 256
 
 
 def test_same_seed_same_image_across_runs_and_other_seed_differs(server, prompt):

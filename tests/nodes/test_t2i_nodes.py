@@ -72,3 +72,43 @@ def test_t2i_model_runs_through_the_nodes(pack, files):
     assert a.tokens.shape == (2, 16) and not torch.equal(a.tokens, b.tokens)
     image = nodes["LanternDecode"].execute(tokens=a).args[0]
     assert image.shape == (2, 16, 16, 3)
+
+
+def test_t2i_speculation_with_a_drafter_folder(pack, files):
+    """A drafter saved in the released layout into models/lantern/drafters/ is listed, loaded against the t2i
+    target (prefix 8 -> drafter prefix 7), refused for the embedded model, and greedy LANTERN++ with
+    lambda = 1 reproduces greedy AR for left-padded prompts."""
+    import folder_paths
+    from lantern_core.drafter_io import save_drafter
+    from lantern_core.models.drafter import EagleDrafter
+    from lantern_core.config import DrafterConfig
+    from lantern_pack.lantern_core.errors import LanternError
+
+    nodes = {c.define_schema().node_id: c for c in asyncio.run(pack.nodes.LanternExtension().get_node_list())}
+    target = random_gpt(T2I)
+    drafter = EagleDrafter(DrafterConfig.for_target(T2I))
+    drafter.init_from_target(target, torch.Generator().manual_seed(3), std=0.1)
+    root = Path(folder_paths.get_folder_paths("lantern_drafters")[0])
+    save_drafter(drafter, root / "tiny_t2i_drafter")
+    assert "tiny_t2i_drafter/" in nodes["LanternDrafterLoader"].define_schema().inputs[1].options
+    model = nodes["LanternModelLoader"].execute(checkpoint="tiny_t2i.safetensors", vq_tokenizer="tiny_vq.safetensors",
+                                                text_encoder="tiny-t5/", dtype="fp32").args[0]
+    loaded = nodes["LanternDrafterLoader"].execute(model=model, drafter="tiny_t2i_drafter/").args[0]
+    assert loaded.config.cls_token_num == 7
+    embedded = nodes["LanternModelLoader"].execute(checkpoint=pack.nodes.paths.EMBEDDED, vq_tokenizer="auto",
+                                                   text_encoder="none", dtype="fp32").args[0]
+    from lantern_pack.lantern_core.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="hidden size 64 \\(target: 256\\)"):
+        nodes["LanternDrafterLoader"].execute(model=embedded, drafter="tiny_t2i_drafter/")
+    with pytest.raises(LanternError, match="only fits the embedded model"):
+        nodes["LanternDrafterLoader"].execute(model=model, drafter=pack.nodes.paths.EMBEDDED)
+    decoding = nodes["LanternDecodingConfig"].execute(
+        mode="lantern_pp", drafter=loaded, tree="naive_extend_57", chain_length=4, custom_tree="", lantern_k=5,
+        delta=0.1, lam=1.0, eagle_depth=4, eagle_top_k=4, eagle_nodes=12).args[0]
+    cond = nodes["LanternConditioning"].execute(model=model, class_name="0", prompt="a red cat").args[0]
+    kwargs = dict(cfg=4.0, temperature=0.0, top_k=0, top_p=1.0, seed=0, batch_size=2)
+    ar = nodes["LanternSampler"].execute(model=model, conditioning=cond, **kwargs).args[0]
+    fast = nodes["LanternSampler"].execute(model=model, conditioning=cond, decoding=decoding, **kwargs)
+    assert torch.equal(fast.args[0].tokens, ar.tokens)
+    assert fast.ui["lantern_stats"][0]["mode"] == "lantern_pp"

@@ -18,17 +18,11 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 ARTIFACTS = REPO / "tests" / "artifacts"  # screenshots for people to look at; git-ignored
 
 
-@pytest.mark.parametrize("vue_nodes", [False, True], ids=["litegraph-nodes", "vue-nodes"])
-def test_stats_panel_and_heat_map_render_after_run(server, vue_nodes):
+def run_in_browser(server, workflow: dict, vue_nodes: bool, shot: str) -> dict:
+    """Load `workflow` into the editor, click Run, wait for the stats panel and the saved image."""
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), "install Debian's chromium (make browser)"
-    workflow = json.loads((REPO / "example_workflows" / "lantern_embedded_model.json").read_text())
-    for node in workflow["nodes"]:
-        if node["type"] == "LanternConditioning":
-            node["widgets_values"][0] = "cat"
-        if node["type"] == "LanternSampler":  # a seed of its own: an identical prompt would be served from cache
-            node["widgets_values"][4] = 100 + int(vue_nodes)
     server.post("/api/settings/Comfy.VueNodes.Enabled", vue_nodes)
     errors = []
     with sync_playwright() as p:
@@ -47,23 +41,53 @@ def test_stats_panel_and_heat_map_render_after_run(server, vue_nodes):
         page.wait_for_selector(".lantern-stats .lantern-heatmap", timeout=150000)
         info = page.evaluate("""() => {
             const root = document.querySelector('.lantern-stats');
+            const colours = new Set([...root.querySelectorAll('.lantern-heatmap-cell')].map(c => c.style.background));
             return {text: root.innerText, cells: root.querySelectorAll('.lantern-heatmap-cell').length,
-                    html: root.innerHTML.includes('<script')};
+                    colours: colours.size, html: root.innerHTML.includes('<script')};
         }""")
         save_id = page.evaluate("() => String(window.app.graph._nodes.find(n => n.type === 'SaveImage').id)")
         page.wait_for_function(f"() => window.app.nodeOutputs?.['{save_id}']?.images?.length > 0", timeout=150000)
-        saved = page.evaluate(f"() => window.app.nodeOutputs['{save_id}'].images[0]")
+        info["saved"] = page.evaluate(f"() => window.app.nodeOutputs['{save_id}'].images[0]")
         page.wait_for_timeout(500)
         ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"ui_stats_heatmap_{'vue' if vue_nodes else 'litegraph'}.png"))
-        widgets = page.evaluate(f"() => window.app.graph.getNodeById({sampler_id}).widgets.map(w => w.name)")
-        saved_workflow = page.evaluate("() => window.app.graph.serialize()")
+        page.screenshot(path=str(ARTIFACTS / shot))
+        info["widgets"] = page.evaluate(f"() => window.app.graph.getNodeById({sampler_id}).widgets.map(w => w.name)")
+        info["workflow"] = page.evaluate("() => window.app.graph.serialize()")
         ctx.close()
-    assert saved["type"] == "output" and saved["filename"].endswith(".png")
+    info["errors"] = errors
+    return info
+
+
+def with_seed(workflow: dict, seed: int, class_name: str = "cat") -> dict:
+    for node in workflow["nodes"]:
+        if node["type"] == "LanternConditioning":
+            node["widgets_values"][0] = class_name
+        if node["type"] == "LanternSampler":  # a seed of its own: an identical prompt would be served from cache
+            node["widgets_values"][4] = seed
+    return workflow
+
+
+@pytest.mark.parametrize("vue_nodes", [False, True], ids=["litegraph-nodes", "vue-nodes"])
+def test_stats_panel_and_heat_map_render_after_run(server, vue_nodes):
+    workflow = with_seed(json.loads((REPO / "example_workflows" / "lantern_embedded_model.json").read_text()),
+                         100 + int(vue_nodes))
+    info = run_in_browser(server, workflow, vue_nodes, f"ui_stats_heatmap_{'vue' if vue_nodes else 'litegraph'}.png")
+    assert info["saved"]["type"] == "output" and info["saved"]["filename"].endswith(".png")
     assert info["cells"] == 256, info
     assert "tok/s" in info["text"] and "256 forward passes" in info["text"] and "for: cat" in info["text"]
     assert "plain AR" in info["text"]
-    assert "lantern_stats" in widgets and not info["html"]
-    sampler = next(n for n in saved_workflow["nodes"] if n["type"] == "LanternSampler")
+    assert "lantern_stats" in info["widgets"] and not info["html"]
+    sampler = next(n for n in info["workflow"]["nodes"] if n["type"] == "LanternSampler")
     assert len(sampler["widgets_values"]) == 7  # the stats widget is never saved into the workflow
-    assert not errors, errors
+    assert not info["errors"], info["errors"]
+
+
+def test_lantern_pp_workflow_shows_tree_depth_acceptance_and_a_lit_heat_map(server):
+    workflow = with_seed(json.loads((REPO / "example_workflows" / "lantern_pp_embedded_model.json").read_text()),
+                         300, "rocket")
+    info = run_in_browser(server, workflow, False, "ui_lantern_pp_stats.png")
+    assert info["cells"] == 256 and info["colours"] > 1  # speculative steps accept different counts
+    assert "mode: lantern_pp" in info["text"] and "tree: auto_" in info["text"]
+    assert "acceptance by depth:" in info["text"] and "drafter: lantern-tiny-photos (embedded)" in info["text"]
+    assert "plain AR" not in info["text"] and not info["html"]
+    assert not info["errors"], info["errors"]

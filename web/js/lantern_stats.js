@@ -27,6 +27,16 @@ export function renderStats(root, stats) {
                    `${stats.batch}×${stats.image_tokens} tokens in ${fmt(stats.wall_time_s, 2)} s`, "lantern-stats-speed"));
   root.append(line(`mean accepted length ${fmt(stats.mean_accepted_length, 2)}` +
                    (stats.speculative ? "" : " (plain AR: one token per forward)"), "lantern-stats-accept"));
+  if (stats.speculative) {
+    root.append(line(`tree: ${stats.tree} · drafter: ${stats.drafter}`, "lantern-stats-tree"));
+    const depths = Array.isArray(stats.acceptance_by_depth) ? stats.acceptance_by_depth : [];
+    root.append(line(`acceptance by depth: ${depths.map((a) => fmt(Number(a), 2)).join(" ") || "-"}`,
+                     "lantern-stats-depth"));
+    if (Number(stats.relaxed_tokens) > 0) {
+      root.append(line(`relaxed: ${stats.relaxed_tokens} tokens · TVD spent mean ${fmt(stats.mean_tvd_spent, 3)}` +
+                       ` max ${fmt(stats.max_tvd_spent, 3)}`, "lantern-stats-relaxed"));
+    }
+  }
   if (Array.isArray(stats.conditions) && stats.conditions.length) {
     root.append(line(`for: ${stats.conditions.join(", ")}`, "lantern-stats-conditions"));
   }

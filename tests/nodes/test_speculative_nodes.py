@@ -1,0 +1,108 @@
+"""The speculative modes through the nodes, in process with ComfyUI's real model management: the drafter
+loader (embedded first, fit checks, shared loads), decoding-config validation that names the parameter,
+and sampler runs in every mode on the embedded model with stats and the heat map."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def node(pack):
+    classes = asyncio.run(pack.nodes.LanternExtension().get_node_list())
+    return {cls.define_schema().node_id: cls for cls in classes}
+
+
+@pytest.fixture(scope="module")
+def model(pack, node):
+    return node["LanternModelLoader"].execute(checkpoint=pack.nodes.paths.EMBEDDED, vq_tokenizer="auto",
+                                              text_encoder="none", dtype="fp32").args[0]
+
+
+@pytest.fixture(scope="module")
+def drafter(pack, node, model):
+    return node["LanternDrafterLoader"].execute(model=model, drafter=pack.nodes.paths.EMBEDDED).args[0]
+
+
+DEFAULTS = dict(tree="mc_sim_7b_63", chain_length=4, custom_tree="[[0], [1], [0, 0]]", lantern_k=10, delta=0.1,
+                lam=5.0, eagle_depth=4, eagle_top_k=4, eagle_nodes=12)
+
+
+def decoding(node, drafter, mode, **overrides):
+    return node["LanternDecodingConfig"].execute(mode=mode, drafter=drafter, **{**DEFAULTS, **overrides}).args[0]
+
+
+def run(node, model, dec, seed=3, batch_size=1, classes="rocket", temperature=1.0):
+    cond = node["LanternConditioning"].execute(model=model, class_name=classes, prompt="").args[0]
+    return node["LanternSampler"].execute(model=model, conditioning=cond, decoding=dec, cfg=3.0,
+                                          temperature=temperature, top_k=0, top_p=1.0, seed=seed,
+                                          batch_size=batch_size)
+
+
+def test_drafter_loader_lists_the_embedded_drafter_and_shares_loads(pack, node, model, drafter):
+    schema = node["LanternDrafterLoader"].define_schema()
+    assert schema.inputs[1].options[0] == pack.nodes.paths.EMBEDDED
+    again = node["LanternDrafterLoader"].execute(model=model, drafter=pack.nodes.paths.EMBEDDED).args[0]
+    assert again is drafter and drafter.config.dim == model.config.dim
+    assert node["LanternDrafterLoader"].validate_inputs(drafter="nope/") != True  # noqa: E712
+
+
+def test_a_drafter_for_another_model_is_refused(pack, node, model, drafter):
+    from lantern_pack.lantern_core.errors import LanternError
+
+    other = node["LanternModelLoader"].execute(checkpoint=pack.nodes.paths.EMBEDDED, vq_tokenizer="auto",
+                                               text_encoder="none", dtype="bf16").args[0]
+    dec = decoding(node, drafter, "static_tree")
+    with pytest.raises(LanternError, match="connect the same model"):
+        run(node, other, dec)
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    (dict(mode="lantern_pp", drafter=None), "needs a drafter"),
+    (dict(mode="lantern_pp", tree="custom", custom_tree="[[0], [0, 0"), "custom_tree"),
+    (dict(mode="lantern_pp", tree="custom", custom_tree="[[0, 0]]"), "parent"),
+    (dict(mode="lantern", lantern_k=5000), "lantern_k"),
+])
+def test_decoding_config_errors_name_the_parameter(node, drafter, overrides, fragment):
+    from lantern_pack.lantern_core.errors import LanternError
+
+    args = {**DEFAULTS, "drafter": drafter, **overrides}
+    with pytest.raises(LanternError, match=fragment):
+        node["LanternDecodingConfig"].execute(**args)
+
+
+def test_exact_greedy_modes_reproduce_greedy_ar_through_the_nodes(node, model, drafter):
+    ar = run(node, model, decoding(node, drafter, "ar"), temperature=0.0).args[0].tokens
+    for mode in ("static_tree", "eagle2"):
+        out = run(node, model, decoding(node, drafter, mode), temperature=0.0)
+        assert torch.equal(out.args[0].tokens, ar), mode
+        assert out.ui["lantern_stats"][0]["forward_passes"] < 256  # the drafter earned its keep
+
+
+@pytest.mark.parametrize("mode", ["eagle2", "static_tree", "lantern", "lantern_pp"])
+def test_every_mode_samples_with_stats_and_heat_map(node, model, drafter, mode):
+    out = run(node, model, decoding(node, drafter, mode), batch_size=2)
+    tokens, text = out.args
+    payload = out.ui["lantern_stats"][0]
+    assert tokens.tokens.shape == (2, 256)
+    assert payload["mode"] == mode and payload["speculative"] and payload["drafter"].endswith("(embedded)")
+    assert payload["forward_passes"] < 2 * 256 and payload["mean_accepted_length"] > 1.2
+    heat = torch.tensor(payload["heatmap"])
+    assert heat.shape == (16, 16) and int(heat.max()) > 1 and int(heat.min()) >= 1
+    assert payload["acceptance_by_depth"] and all(0 <= a <= 1 for a in payload["acceptance_by_depth"])
+    assert "acceptance by depth" in text and payload["tree"] in text
+    if mode == "lantern":
+        assert 0 < payload["max_tvd_spent"] <= 0.1 + 1e-6 and payload["relaxed_tokens"] > 0
+    if mode in ("eagle2", "static_tree"):
+        assert payload["relaxed_tokens"] == 0
+
+
+def test_auto_tree_is_chosen_once_and_keeps_seeds_reproducible(node, model, drafter):
+    dec = decoding(node, drafter, "lantern_pp", tree="auto")
+    first = run(node, model, dec, seed=44)
+    second = run(node, model, dec, seed=44)
+    assert torch.equal(first.args[0].tokens, second.args[0].tokens)
+    tree = second.ui["lantern_stats"][0]["tree"]
+    assert tree.startswith("auto_") and "calibrated" not in tree
