@@ -82,11 +82,9 @@ def per_row(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def sample_without_replacement(q: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
-    """q (P, V) -> (P, count) tokens drawn without replacement, in draw order (Gumbel-top-k)."""
-    u = torch.rand(q.shape, generator=generator, device=q.device, dtype=torch.float32)
-    u = u.clamp(min=torch.finfo(torch.float32).tiny, max=1.0 - 1e-7)
-    keys = q.float().log() - (-u.log()).log()  # log q + Gumbel(0, 1); -inf where q = 0
-    return keys.topk(count, dim=-1).indices
+    """q (P, V) -> (P, count) tokens drawn without replacement, in draw order (torch's exponential race,
+    i.e. Gumbel-top-k: the k-th column is distributed as the k-th draw of sequential sampling)."""
+    return torch.multinomial(q.float(), count, replacement=False, generator=generator)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from .config import SamplingConfig
 from .drafting import (DraftTree, DrafterSession, DynamicShape, draft_dynamic, draft_static, per_row,
                        plan_static_tree)
 from .errors import ConfigError
-from .generate import GenerationResult, GenerationStats, StepCallback, synchronize
+from .generate import GenerationResult, GenerationStats, StepCallback, generate, synchronize
 from .models.drafter import EagleDrafter
 from .models.gpt import ForwardStep, LlamaGenGPT
 from .models.kv_cache import attention_mask
@@ -32,7 +32,7 @@ from .relaxation import Relaxation
 from .sampling import Generators, filter_logits, pick_tokens
 from .tree import NAIVE_EXTEND_57, TreeSpec
 from .tree_attention import commit_path, forward_tree
-from .tree_select import CostCurve, choose_subtree, measure_costs, node_rates
+from .tree_select import CostCurve, choose_subtree, measure_costs, node_rates, tree_rate
 from .tree_walk import WalkResult, walk_tree
 
 
@@ -101,7 +101,9 @@ class NodeDistributions:
             return logits.float()
         cond, uncond = logits.float().chunk(2, dim=0)
         s = self.sampling
-        mixed = uncond + s.cfg_scale * (cond - uncond)
+        mixed = uncond + s.cfg_scale * (cond - uncond)  # exactly as AR's combine_cfg (same rounding)
+        if s.cfg_interval < 0:
+            return mixed
         active = (index <= s.cfg_interval + 1) if s.cfg_interval >= 0 else torch.ones_like(index, dtype=torch.bool)
         active = active[..., None] if index.dim() == 2 else active[None, :, None]  # (G|1, T, 1)
         return torch.where(active, mixed, cond)
@@ -124,7 +126,7 @@ def _auto_key(sampling: SamplingConfig, spec: SpeculativeConfig) -> tuple:
             round(sampling.top_p, 3), spec.relaxation, spec.static_tree.paths)
 
 
-def _auto_choice(drafter: EagleDrafter, sampling: SamplingConfig, spec: SpeculativeConfig) -> TreeSpec | None:
+def _auto_choice(drafter: EagleDrafter, sampling: SamplingConfig, spec: SpeculativeConfig) -> tuple[TreeSpec, str] | None:
     return _AUTO_CHOICES.get(drafter, {}).get(_auto_key(sampling, spec))
 
 
@@ -137,22 +139,35 @@ def _costs(model: LlamaGenGPT, drafter: EagleDrafter, rows: int) -> CostCurve:
 
 
 def _calibrate(model: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
-               spec: SpeculativeConfig, neighbors: torch.Tensor | None) -> TreeSpec:
+               spec: SpeculativeConfig, neighbors: torch.Tensor | None) -> tuple[TreeSpec, str]:
     """Decode one scratch image on the base tree (fixed seed, output discarded) to measure each node's
     acceptance, measure the cost curve, choose the sub-tree and remember it. Seeds of the user's images
-    are untouched, so every image of every run uses the same tree: same seed, same image."""
+    are untouched, so every image of every run uses the same tree: same seed, same image. The same
+    scratch image is also decoded with plain AR, so the stats can say when speculation does not pay
+    on this machine (the model-forward cost model is scaled by the base tree's measured speed)."""
     device = model.tok_embeddings.weight.device
     N = model.config.num_image_tokens
     scratch = _Tally(by_node=torch.zeros(spec.static_tree.num_nodes + 1, dtype=torch.long))
     out = torch.empty(N, dtype=torch.long, device=device)
     cells = torch.ones(N, dtype=torch.int32, device=device)
+    start = time.perf_counter()
     _decode_one(model, drafter, condition, sampling, spec, plan_static_tree(spec.static_tree, device),
                 torch.Generator(device=device).manual_seed(0), neighbors, out, cells, scratch, lambda done: None)
+    synchronize(device)
+    base_measured = N / (time.perf_counter() - start)
+    start = time.perf_counter()
+    generate(model, condition, sampling, torch.Generator(device=device).manual_seed(0))
+    synchronize(device)
+    ar_measured = N / (time.perf_counter() - start)
     rows = 2 if sampling.uses_cfg else 1
     rates = node_rates(spec.static_tree, scratch.by_node.tolist(), scratch.iterations)
-    chosen, _ = choose_subtree(spec.static_tree, rates, _costs(model, drafter, rows))
-    _AUTO_CHOICES.setdefault(drafter, {})[_auto_key(sampling, spec)] = chosen
-    return chosen
+    costs = _costs(model, drafter, rows)
+    chosen, predicted = choose_subtree(spec.static_tree, rates, costs)
+    estimate = predicted * base_measured / tree_rate(spec.static_tree, rates, costs)
+    note = (f"about {estimate:.0f} tok/s expected with {chosen.name} vs {ar_measured:.0f} tok/s for plain AR "
+            f"on this machine" + ("; plain AR (mode ar) is faster here" if estimate < ar_measured else ""))
+    _AUTO_CHOICES.setdefault(drafter, {})[_auto_key(sampling, spec)] = (chosen, note)
+    return chosen, note
 
 
 def _one_condition(condition: Condition, i: int) -> Condition:
@@ -204,13 +219,14 @@ def speculative_generate(model: LlamaGenGPT, drafter: EagleDrafter, condition: C
         f"eagle2 d{spec.dynamic.depth} k{spec.dynamic.top_k} n{spec.dynamic.nodes}")
     plan = None
     if spec.tree != "dynamic":
-        chosen = _auto_choice(drafter, sampling, spec) if spec.tree == "auto" else None
+        chosen = None
         if spec.tree == "auto":
-            note = ""
-            if chosen is None:  # calibrate once per drafter and sampling setting, on a scratch image
-                chosen = _calibrate(model, drafter, _one_condition(condition, 0), sampling, spec, neighbors)
-                note = "; calibrated in this run"
-            tree_name = f"{chosen.name} (auto, of {spec.static_tree.name}{note})"
+            cached = _auto_choice(drafter, sampling, spec)
+            fresh = cached is None
+            if fresh:  # calibrate once per drafter and sampling setting, on a scratch image
+                cached = _calibrate(model, drafter, _one_condition(condition, 0), sampling, spec, neighbors)
+            chosen, note = cached
+            tree_name = f"{chosen.name} (auto, of {spec.static_tree.name}{'; calibrated in this run' if fresh else ''}; {note})"
         plan = plan_static_tree(chosen or spec.static_tree, device)
     for i in range(B):
         def report(done: int, _i=i) -> None:

@@ -83,6 +83,12 @@ def node_rates(base: TreeSpec, accepted_by_node: list[int], iterations: int) -> 
     return {path: accepted_by_node[i + 1] / max(iterations, 1) for i, path in enumerate(base.paths)}
 
 
+def tree_rate(tree: TreeSpec, rates: dict[tuple[int, ...], float], costs: CostCurve) -> float:
+    """Predicted tokens per second of `tree` (model forwards only)."""
+    expected = 1.0 + sum(rates.get(p, 0.0) for p in tree.paths)
+    return expected / (costs.verify(tree.num_nodes + 1) + tree.depth * costs.draft_s)
+
+
 def choose_subtree(base: TreeSpec, rates: dict[tuple[int, ...], float], costs: CostCurve) -> tuple[TreeSpec, float]:
     """The rank-closed sub-tree of `base` with the most expected tokens per second, and that rate."""
     chosen: list[tuple[int, ...]] = []

@@ -64,7 +64,8 @@ def test_measured_curve_and_auto_runs_calibrate_once():
                                 make_generators(0, 2))
     assert torch.equal(redo.tokens, first.tokens)  # calibration never changes what a seed draws
     chosen = _AUTO_CHOICES[drafter]
-    (tree,) = chosen.values()
+    ((tree, note),) = chosen.values()
+    assert "tok/s for plain AR" in note and note in first.stats.tree
     assert set(tree.paths) <= set(NAIVE_EXTEND_57.paths)  # a static sub-tree, drafted as one
     assert first.stats.accepted_histogram and len(first.stats.accepted_histogram) <= tree.depth + 1
     again = speculative_generate(model, drafter, Condition.classes([2]), sampling, SpeculativeConfig(tree="auto"),
