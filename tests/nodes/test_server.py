@@ -73,6 +73,26 @@ def test_example_workflow_runs_with_progress_previews_and_stats(server, prompt):
     assert stats["conditions"] == ["astronaut"]
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "example_workflows").glob("*.json")), ids=lambda p: p.stem)
+def test_every_example_workflow_matches_the_node_schemas(object_info, path):
+    """Every widget value of every shipped workflow lines up with the live server's schema (none missing or
+    left over) and every combo value the server lists is valid; model files aside, they would run."""
+    workflow = json.loads(path.read_text())
+    prompt = ui_to_api(workflow, object_info)
+    for node in workflow["nodes"]:
+        info = object_info[node["type"]]
+        specs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
+        widgets = [n for n, spec in specs.items() if isinstance(spec[0], list) or spec[0] in
+                   ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")]
+        extra = sum(1 for n in widgets if n == "seed")  # control_after_generate value
+        assert len(node.get("widgets_values", [])) == len(widgets) + extra, (path.name, node["type"])
+        for name, value in prompt[str(node["id"])]["inputs"].items():
+            options = specs[name][0] if isinstance(specs[name][0], list) else specs[name][1].get("options") \
+                if specs[name][0] == "COMBO" and len(specs[name]) > 1 else None
+            if options and name in ("mode", "tree", "dtype"):  # fixed choices (file lists depend on the machine)
+                assert value in options, (path.name, node["type"], name, value)
+
+
 def test_lantern_pp_example_runs_on_a_fresh_install(server, object_info):
     """The shipped LANTERN++ workflow (embedded model + embedded drafter, auto tree) end to end over HTTP."""
     workflow = json.loads((REPO / "example_workflows" / "lantern_pp_embedded_model.json").read_text())
