@@ -89,5 +89,5 @@ def test_lantern_pp_workflow_shows_tree_depth_acceptance_and_a_lit_heat_map(serv
     assert info["cells"] == 256 and info["colours"] > 1  # speculative steps accept different counts
     assert "mode: lantern_pp" in info["text"] and "tree: auto_" in info["text"]
     assert "acceptance by depth:" in info["text"] and "drafter: lantern-tiny-photos (embedded)" in info["text"]
-    assert "plain AR" not in info["text"] and not info["html"]
+    assert "(plain AR: one token per forward)" not in info["text"] and not info["html"]
     assert not info["errors"], info["errors"]
