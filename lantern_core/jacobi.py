@@ -39,6 +39,13 @@ class JacobiConfig:
             raise ConfigError("jacobi window", "an integer in 1..256", self.window)
 
 
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where a rejected draft's position is resampled from: normalise(max(0, p - q)) (p if that is empty)."""
+    residual = (p - q).clamp(min=0)
+    total = residual.sum(-1, keepdim=True)
+    return torch.where(total > 0, residual / total.clamp(min=torch.finfo(p.dtype).tiny), p)
+
+
 def _draw(probs: torch.Tensor, positions: torch.Tensor, gumbel: torch.Tensor | None, greedy: bool,
           generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of probs (W, V): argmax when greedy, Gumbel-max with the position's noise when
@@ -123,9 +130,8 @@ def _decode_one(model, condition, sampling, config, generator, out, per_cell, hi
                 ok = torch.rand(w, generator=generator, device=device) < ratio
             a = int(ok.long().cumprod(0).sum())  # accepted drafts: the leading run (one host read)
             if a < w and not sampling.greedy:
-                residual = (p[a] - q[a]).clamp(min=0)
-                residual = residual / residual.sum().clamp(min=torch.finfo(p.dtype).tiny)
-                new = sample_from_probs(residual[None], torch.rand(1, generator=generator, device=device))
+                new = sample_from_probs(residual_distribution(p[a:a + 1], q[a:a + 1]),
+                                        torch.rand(1, generator=generator, device=device))
             else:
                 new = p[a:a + 1].argmax(-1) if sampling.greedy else \
                     sample_from_probs(p[a:a + 1], torch.rand(1, generator=generator, device=device))
