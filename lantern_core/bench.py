@@ -19,13 +19,14 @@ from pathlib import Path
 
 import torch
 
-from .conditioning import Condition, build_prefix
+from .conditioning import Condition
 from .config import GPTConfig, SamplingConfig, gpt_preset
 from .embedded import EMBEDDED_GPT, EMBEDDED_NAME
 from .generate import generate, synchronize
 from .models.gpt import ForwardStep, LlamaGenGPT
 from .models.kv_cache import attention_mask
 from .sampling import make_generators
+from .tree_select import verify_times
 
 log = logging.getLogger("lantern_core.bench")
 VERIFY_SIZES = (1, 4, 8, 16, 32, 64)
@@ -95,31 +96,14 @@ def bench_ar(model: LlamaGenGPT, name: str, batch: int, cfg_scale: float, repeat
                  round(1000.0 * batch / g, 2), repeats)
 
 
-@torch.no_grad()
 def bench_verify(model: LlamaGenGPT, name: str, rows: int, repeats: int) -> list[VerifyRow]:
-    """Time one forward over n new tokens at a mid-image context (the speculative verify step)."""
-    device = model.tok_embeddings.weight.device
+    """The verify cost curve (`tree_select.verify_times`) for windows that fit in the image."""
     c = model.config
     context = c.cls_token_num + c.num_image_tokens // 2
-    sizes = [n for n in VERIFY_SIZES if context + n <= c.max_seq_len]  # only windows that fit in the image
-    cache = model.allocate_cache(rows, context + max(sizes))
-    key_valid = torch.ones(rows, cache.max_len, dtype=torch.bool, device=device)
-    out = []
-    for n in sizes:
-        slots = torch.arange(context, context + n, device=device)
-        h = model.embed_tokens(torch.zeros(rows, n, dtype=torch.long, device=device))
-        step = ForwardStep(slots, cache, context + n, attention_mask(key_valid, slots, context + n))
-        model.logits(model(h, step))  # warm-up
-        times = []
-        for _ in range(repeats):
-            synchronize(device)
-            start = time.perf_counter()
-            model.logits(model(h, step))
-            synchronize(device)
-            times.append(1000.0 * (time.perf_counter() - start))
-        out.append(statistics.median(times))
-    return [VerifyRow(name, n, context, round(ms, 3), round(ms / n, 3), round(ms / out[0], 3))
-            for n, ms in zip(sizes, out)]
+    sizes = tuple(n for n in VERIFY_SIZES if context + n <= c.max_seq_len)
+    times = [(n, 1000.0 * s) for n, s in verify_times(model, rows, sizes, repeats)]
+    return [VerifyRow(name, n, context, round(ms, 3), round(ms / n, 3), round(ms / times[0][1], 3))
+            for n, ms in times]
 
 
 def random_model(config: GPTConfig, device, dtype) -> LlamaGenGPT:
@@ -137,6 +121,21 @@ PROFILES = {
     "cuda": [("embedded", None, (1, 4), 3, 10), ("GPT-B c2i 256px (random)", gpt_preset("GPT-B", "c2i", 256), (1, 4), 2, 10),
              ("GPT-XL c2i 384px (random)", gpt_preset("GPT-XL", "c2i", 384), (1, 4), 1, 10)],
 }
+
+
+def machine_info(device: torch.device) -> dict:
+    """Where and when a benchmark ran (every report carries it)."""
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return {"device": str(device), "machine": machine, "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def write_report(out: Path, stem: str, report: dict, text: str) -> None:
+    """`out/stem.json` (the data) and `out/stem.md` (the table people read)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    (out / f"{stem}.md").write_text(text)
+    log.info("wrote %s", out / f"{stem}.md")
 
 
 def markdown(report: dict) -> str:
@@ -187,15 +186,9 @@ def main(argv: list[str] | None = None) -> dict:
         for row in bench_verify(model, label, rows=2, repeats=verify_repeats):
             verify_rows.append(asdict(row))
         del model
-    report = {"device": str(device), "dtype": args.dtype, "torch": torch.__version__,
-              "threads": torch.get_num_threads(), "cfg_scale": args.cfg,
-              "machine": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-              "date": time.strftime("%Y-%m-%d %H:%M"), "ar": ar_rows, "verify": verify_rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"ar_{device.type}_{args.dtype}"
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    (args.out / f"{stem}.md").write_text(markdown(report))
-    log.info("wrote %s", args.out / f"{stem}.md")
+    report = {**machine_info(device), "dtype": args.dtype, "cfg_scale": args.cfg, "ar": ar_rows,
+              "verify": verify_rows}
+    write_report(args.out, f"ar_{device.type}_{args.dtype}", report, markdown(report))
     return report
 
 

@@ -14,9 +14,7 @@ Batch 1 per image (latency, as in the papers). Timings are never asserted anywhe
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint_io import read_checkpoint
 from .conditioning import Condition
 from .config import SamplingConfig
 from .drafting import DynamicShape
-from .embedded import EMBEDDED_CLASSIFIER, EMBEDDED_NAME, load_embedded
+from .embedded import EMBEDDED_NAME, load_classifier, load_embedded
 from .generate import GenerationResult, generate, synchronize
 from .neighbors import build_neighbors
 from .relaxation import Relaxation
+from .bench import machine_info, write_report
 from .sampling import make_generators
 from .speculative import SpeculativeConfig, speculative_generate
 from .tree import NAIVE_EXTEND_57
@@ -95,14 +93,6 @@ def marginal_tvd(tokens: torch.Tensor, reference: torch.Tensor, vocab: int) -> f
     return float(0.5 * (a - b).abs().sum(-1).mean())
 
 
-def load_classifier(device):
-    from .train_embedded import PhotoClassifier
-
-    clf = PhotoClassifier(8)
-    clf.load_state_dict({k: v.float() for k, v in read_checkpoint(EMBEDDED_CLASSIFIER).tensors.items()})
-    return clf.to(device).eval()
-
-
 def real_crop_features(clf, count: int, seed: int) -> np.ndarray:
     from .train_embedded import load_photos, random_crops
 
@@ -148,7 +138,10 @@ def run(images: int, round_size: int, sampling: SamplingConfig, device: torch.de
                 t.tokens.append(result.tokens.cpu())
                 t.labels.append(label)
         log.info("round %d/%d done", start // round_size + 1, -(-images // round_size))
-    return summarise(rows, tallies, vq, device, images, model.config.vocab_size)
+    report = summarise(rows, tallies, vq, device, images, model.config.vocab_size)
+    curve = measure_costs(model, drafter, rows=2 if sampling.uses_cfg else 1, reps=20)
+    report["cost_curve"] = {"verify_ms": [(n, 1000 * s) for n, s in curve.verify_s], "draft_ms": 1000 * curve.draft_s}
+    return report
 
 
 def summarise(rows: list[Method], tallies: dict, vq, device, images: int, vocab: int) -> dict:
@@ -226,20 +219,11 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_flush_denormal(True)
     try:
         report = run(args.images, args.round, sampling, device, dtype)
-        pipe = load_embedded(device, dtype, drafter=True)
-        curve = measure_costs(pipe.gpt.model, pipe.drafter.model, rows=2 if sampling.uses_cfg else 1, reps=20)
     finally:
         torch.set_flush_denormal(False)
-    report.update(model=EMBEDDED_NAME, device=str(device), dtype=args.dtype, torch=torch.__version__,
-                  threads=torch.get_num_threads(), images=args.images, sampling=asdict(sampling),
-                  machine=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-                  date=time.strftime("%Y-%m-%d %H:%M"),
-                  cost_curve={"verify_ms": [(n, 1000 * s) for n, s in curve.verify_s], "draft_ms": 1000 * curve.draft_s})
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"speculative_{device.type}_{args.dtype}"
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    (args.out / f"{stem}.md").write_text(markdown(report))
-    log.info("wrote %s", args.out / f"{stem}.md")
+    report.update(machine_info(device), model=EMBEDDED_NAME, dtype=args.dtype, images=args.images,
+                  sampling=asdict(sampling))
+    write_report(args.out, f"speculative_{device.type}_{args.dtype}", report, markdown(report))
     return report
 
 

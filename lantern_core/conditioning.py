@@ -27,6 +27,13 @@ class Condition:
     def classes(cls, labels, device=None) -> "Condition":
         return cls(labels=torch.as_tensor(labels, dtype=torch.long, device=device).reshape(-1))
 
+    def row(self, i: int) -> "Condition":
+        """The condition of sample i alone (speculative decoders draw one image at a time)."""
+        if self.labels is not None:
+            return Condition(labels=self.labels[i:i + 1])
+        mask = None if self.caption_mask is None else self.caption_mask[i:i + 1]
+        return Condition(caption=self.caption[i:i + 1], caption_mask=mask)
+
     @property
     def batch(self) -> int:
         return (self.labels if self.labels is not None else self.caption).shape[0]

@@ -115,7 +115,6 @@ def infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta
         dim = sd["fc.weight"].shape[0]
         ffn = sd["layers.0.feed_forward.w1.weight"].shape[0]
         vocab = sd["embed_tokens.weight"].shape[0]
-        head_dim = None
         heads = hf.get("num_attention_heads") or (target.n_head if target and target.dim == dim else None) \
             or HEADS_BY_DIM.get(dim)
         if heads is None:

@@ -52,6 +52,16 @@ class Pipeline:
         return lowered.index(key)
 
 
+def load_classifier(device: torch.device | str = "cpu"):
+    """The shipped photo classifier (scores generated samples; `train_embedded.PhotoClassifier`)."""
+    from .checkpoint_io import read_checkpoint
+    from .train_embedded import PhotoClassifier
+
+    clf = PhotoClassifier(8)
+    clf.load_state_dict({k: v.float() for k, v in read_checkpoint(EMBEDDED_CLASSIFIER).tensors.items()})
+    return clf.to(device).eval()
+
+
 def load_embedded(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                   drafter: bool = False) -> Pipeline:
     gpt = load_gpt(EMBEDDED_GPT, device=device, dtype=dtype)

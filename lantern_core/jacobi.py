@@ -25,8 +25,8 @@ from .errors import ConfigError
 from .generate import GenerationResult, StepCallback, synchronize
 from .models.gpt import ForwardStep, LlamaGenGPT
 from .models.kv_cache import attention_mask
-from .sampling import Generators, pick_tokens, sample_from_probs
-from .speculative import NodeDistributions, SpeculativeStats, _generator_for, _one_condition
+from .sampling import Generators, generator_for, pick_tokens, sample_from_probs
+from .speculative import NodeDistributions, SpeculativeStats
 
 
 @dataclass(frozen=True)
@@ -68,26 +68,24 @@ def jacobi_generate(model: LlamaGenGPT, condition: Condition, sampling: Sampling
     tokens = torch.empty(B, N, dtype=torch.long, device=device)
     per_cell = torch.ones(B, N, dtype=torch.int32, device=device)
     histogram: list[int] = []
-    prefill_s, cache_bytes = 0.0, 0
+    cache_bytes, prefill_s = 0, 0.0
     for i in range(B):
         report = (lambda done, _i=i: on_step(_i * N + done, B * N, tokens[_i:_i + 1])) if on_step else (lambda d: None)
-        t0 = time.perf_counter()
-        cache_bytes = max(cache_bytes, _decode_one(model, _one_condition(condition, i), sampling, config,
-                                                   _generator_for(generator, i), tokens[i], per_cell[i], histogram,
-                                                   report))
-        prefill_s += time.perf_counter() - t0
+        nbytes, prefill = _decode_one(model, condition.row(i), sampling, config, generator_for(generator, i),
+                                      tokens[i], per_cell[i], histogram, report)
+        cache_bytes, prefill_s = max(cache_bytes, nbytes), prefill_s + prefill
     synchronize(device)
     iterations = sum(histogram)
-    reached = [sum(histogram[d:]) for d in range(len(histogram))]
-    by_depth = [reached[d] / reached[d - 1] for d in range(1, len(reached)) if reached[d - 1]]
     stats = SpeculativeStats(batch=B, image_tokens=N, forward_passes=B + iterations,
-                             wall_time_s=time.perf_counter() - start, prefill_time_s=0.0, kv_cache_bytes=cache_bytes,
-                             iterations=iterations, accepted_histogram=histogram, acceptance_by_depth=by_depth,
+                             wall_time_s=time.perf_counter() - start, prefill_time_s=prefill_s, kv_cache_bytes=cache_bytes,
+                             iterations=iterations, accepted_histogram=histogram,
                              tree=f"{'coupled ' if config.coupled else ''}jacobi window {config.window}")
     return GenerationResult(tokens, stats, per_cell)
 
 
-def _decode_one(model, condition, sampling, config, generator, out, per_cell, histogram, report) -> int:
+def _decode_one(model, condition, sampling, config, generator, out, per_cell, histogram, report) -> tuple[int, float]:
+    """Decode one image into `out`; returns (KV cache bytes, prefill seconds)."""
+    t0 = time.perf_counter()
     N, V = model.config.num_image_tokens, model.config.vocab_size
     W = config.window
     guided = sampling.uses_cfg
@@ -107,6 +105,7 @@ def _decode_one(model, condition, sampling, config, generator, out, per_cell, hi
         pos = torch.arange(T, device=device)
         hidden = model(prefix.embeddings, ForwardStep(pos, cache, kv_len=T, mask=attention_mask(key_valid, pos, T)))
         out[0] = pick_tokens(dist.combine(model.logits(hidden[:, -1:]), pos.new_zeros(1))[:, 0], sampling, generator)[0]
+        prefill_s = time.perf_counter() - t0
         report(1)
         length, done = T, 1
         uniform = torch.full((W, V), 1.0 / V, device=device)
@@ -156,4 +155,4 @@ def _decode_one(model, condition, sampling, config, generator, out, per_cell, hi
     finally:
         nbytes = cache.nbytes
         cache.release()
-    return nbytes
+    return nbytes, prefill_s

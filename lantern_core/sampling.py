@@ -52,6 +52,13 @@ def draw_uniforms(generator: Generators, batch: int, device: torch.device) -> to
     return torch.cat([torch.rand(1, generator=g, device=device) for g in generator])
 
 
+def generator_for(generator: Generators, i: int) -> torch.Generator | None:
+    """The generator of sample i: the shared one, or the i-th of a per-sample list."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    return generator[i]
+
+
 def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling: probs (B, V), uniforms (B,) -> tokens (B,). Never picks a zero-prob token."""
     cdf = probs.cumsum(-1)

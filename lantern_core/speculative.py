@@ -29,7 +29,7 @@ from .models.drafter import EagleDrafter
 from .models.gpt import ForwardStep, LlamaGenGPT
 from .models.kv_cache import attention_mask
 from .relaxation import Relaxation
-from .sampling import Generators, filter_logits, pick_tokens
+from .sampling import Generators, filter_logits, generator_for, pick_tokens
 from .tree import NAIVE_EXTEND_57, TreeSpec
 from .tree_attention import commit_path, forward_tree
 from .tree_select import CostCurve, choose_subtree, measure_costs, node_rates, tree_rate
@@ -70,7 +70,6 @@ class SpeculativeStats(GenerationStats):
     iterations: int = 0  # verification forwards (the prefill is the remaining forward pass)
     drafter_forwards: int = 0
     accepted_histogram: list[int] = field(default_factory=list)  # iterations by drafted tokens accepted
-    acceptance_by_depth: list[float] = field(default_factory=list)  # P(accept at depth d | reached d-1)
     relaxed_tokens: int = 0  # accepted drafted tokens that used absorbed neighbour mass
     mean_absorbed: float = 0.0  # mean TVD spent per accepted drafted token
     max_absorbed: float = 0.0  # largest TVD spent on one token (<= delta for LANTERN)
@@ -81,6 +80,15 @@ class SpeculativeStats(GenerationStats):
     def mean_accepted_length(self) -> float:
         """Image tokens per target forward (prefill included), LANTERN's step compression."""
         return self.batch * self.image_tokens / max(self.forward_passes, 1)
+
+    @property
+    def acceptance_by_depth(self) -> list[float]:
+        """P(a draft is accepted at depth d | the walk reached depth d - 1), from the histogram."""
+        reached = [sum(self.accepted_histogram[d:]) for d in range(len(self.accepted_histogram))]
+        return [reached[d] / reached[d - 1] for d in range(1, len(reached)) if reached[d - 1]]
+
+    def to_dict(self) -> dict:
+        return super().to_dict() | {"acceptance_by_depth": self.acceptance_by_depth}
 
     def summary(self) -> str:
         depth = " ".join(f"{a:.2f}" for a in self.acceptance_by_depth)
@@ -147,7 +155,7 @@ def _calibrate(model: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, 
     on this machine (the model-forward cost model is scaled by the base tree's measured speed)."""
     device = model.tok_embeddings.weight.device
     N = model.config.num_image_tokens
-    scratch = _Tally(by_node=torch.zeros(spec.static_tree.num_nodes + 1, dtype=torch.long))
+    scratch = _Tally(device, by_node=torch.zeros(spec.static_tree.num_nodes + 1, dtype=torch.long, device=device))
     out = torch.empty(N, dtype=torch.long, device=device)
     cells = torch.ones(N, dtype=torch.int32, device=device)
     start = time.perf_counter()
@@ -170,30 +178,25 @@ def _calibrate(model: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, 
     return chosen, note
 
 
-def _one_condition(condition: Condition, i: int) -> Condition:
-    if condition.labels is not None:
-        return Condition(labels=condition.labels[i:i + 1])
-    mask = None if condition.caption_mask is None else condition.caption_mask[i:i + 1]
-    return Condition(caption=condition.caption[i:i + 1], caption_mask=mask)
-
-
-def _generator_for(generator: Generators, i: int) -> torch.Generator | None:
-    if generator is None or isinstance(generator, torch.Generator):
-        return generator
-    return generator[i]
-
-
 @dataclass
 class _Tally:
-    iterations: int = 0
+    """Run counters. The relaxation ones stay on the device (read once at the end, never per step)."""
+
+    device: torch.device
+    by_node: torch.Tensor | None = None  # (n+1,) acceptances per node of the static tree in use
     drafter_forwards: int = 0
     histogram: list[int] = field(default_factory=list)
-    absorbed_sum: float = 0.0
-    absorbed_max: float = 0.0
-    relaxed: int = 0
-    by_node: torch.Tensor | None = None
     prefill_s: float = 0.0
     cache_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self.absorbed_sum = torch.zeros((), device=self.device)
+        self.absorbed_max = torch.zeros((), device=self.device)
+        self.relaxed = torch.zeros((), dtype=torch.long, device=self.device)
+
+    @property
+    def iterations(self) -> int:
+        return sum(self.histogram)
 
 
 @torch.no_grad()
@@ -214,7 +217,7 @@ def speculative_generate(model: LlamaGenGPT, drafter: EagleDrafter, condition: C
     device = model.tok_embeddings.weight.device
     tokens = torch.empty(B, N, dtype=torch.long, device=device)
     per_cell = torch.ones(B, N, dtype=torch.int32, device=device)
-    tally = _Tally(by_node=torch.zeros(spec.max_nodes + 1, dtype=torch.long))
+    tally = _Tally(device)
     tree_name = spec.static_tree.name if spec.tree == "static" else (
         f"eagle2 d{spec.dynamic.depth} k{spec.dynamic.top_k} n{spec.dynamic.nodes}")
     plan = None
@@ -224,28 +227,27 @@ def speculative_generate(model: LlamaGenGPT, drafter: EagleDrafter, condition: C
             cached = _auto_choice(drafter, sampling, spec)
             fresh = cached is None
             if fresh:  # calibrate once per drafter and sampling setting, on a scratch image
-                cached = _calibrate(model, drafter, _one_condition(condition, 0), sampling, spec, neighbors)
+                cached = _calibrate(model, drafter, condition.row(0), sampling, spec, neighbors)
             chosen, note = cached
             tree_name = f"{chosen.name} (auto, of {spec.static_tree.name}{'; calibrated in this run' if fresh else ''}; {note})"
         plan = plan_static_tree(chosen or spec.static_tree, device)
+        tally.by_node = torch.zeros(plan.spec.num_nodes + 1, dtype=torch.long, device=device)
     for i in range(B):
         def report(done: int, _i=i) -> None:
             if on_step is not None:
                 on_step(_i * N + done, B * N, tokens[_i:_i + 1])
-        _decode_one(model, drafter, _one_condition(condition, i), sampling, spec, plan,
-                    _generator_for(generator, i), neighbors, tokens[i], per_cell[i], tally, report)
+        _decode_one(model, drafter, condition.row(i), sampling, spec, plan,
+                    generator_for(generator, i), neighbors, tokens[i], per_cell[i], tally, report)
     synchronize(device)
     hist = tally.histogram
-    reached = [sum(hist[d:]) for d in range(len(hist))]
-    by_depth = [reached[d] / reached[d - 1] for d in range(1, len(reached)) if reached[d - 1]]
     accepted_tokens = sum(k * c for k, c in enumerate(hist))
     stats = SpeculativeStats(
         batch=B, image_tokens=N, forward_passes=B + tally.iterations,
         wall_time_s=time.perf_counter() - start, prefill_time_s=tally.prefill_s, kv_cache_bytes=tally.cache_bytes,
         iterations=tally.iterations, drafter_forwards=tally.drafter_forwards, accepted_histogram=hist,
-        acceptance_by_depth=by_depth, relaxed_tokens=tally.relaxed,
-        mean_absorbed=tally.absorbed_sum / max(accepted_tokens, 1), max_absorbed=tally.absorbed_max,
-        accepted_by_node=tally.by_node.tolist() if spec.tree == "static" else [], tree=tree_name)
+        relaxed_tokens=int(tally.relaxed), mean_absorbed=float(tally.absorbed_sum) / max(accepted_tokens, 1),
+        max_absorbed=float(tally.absorbed_max),
+        accepted_by_node=[] if tally.by_node is None else tally.by_node.tolist(), tree=tree_name)
     return GenerationResult(tokens, stats, per_cell)
 
 
@@ -295,16 +297,15 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
             length = commit_path(cache, length, path)
             session.consume(hidden[:, path], new[None].expand(rows, -1))
             done += take
-            tally.iterations += 1
             while len(tally.histogram) <= accepted:
                 tally.histogram.append(0)
             tally.histogram[accepted] += 1
-            if plan is not None and plan.spec.num_nodes + 1 == tally.by_node.numel():
-                tally.by_node[path.cpu()] += 1
+            if tally.by_node is not None:
+                tally.by_node.index_add_(0, path, torch.ones_like(path))
             if absorbed.numel():
-                tally.absorbed_sum += float(absorbed.sum())
-                tally.absorbed_max = max(tally.absorbed_max, float(absorbed.max()))
-                tally.relaxed += int((absorbed > 0).sum())
+                tally.absorbed_sum += absorbed.sum()
+                tally.absorbed_max = torch.maximum(tally.absorbed_max, absorbed.max())
+                tally.relaxed += (absorbed > 0).sum()
             report(done)
     finally:
         tally.cache_bytes = max(tally.cache_bytes, cache.nbytes + (session.cache.nbytes if session else 0))

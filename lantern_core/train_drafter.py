@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -109,17 +108,10 @@ def embedded_photo_data(vq, crops_per_class: int, seed: int) -> DrafterData:
     """Random crops of the embedded model's training photos, VQ-encoded."""
     import numpy as np
 
-    from .train_embedded import PHOTOS, load_photos, random_crops
+    from .train_embedded import encode_crops, load_photos
 
-    photos = load_photos()
-    rng = np.random.default_rng(seed + 7)
-    labels = np.repeat(np.arange(len(PHOTOS)), crops_per_class)
-    tokens = []
-    with torch.no_grad():
-        for chunk in np.array_split(labels, max(1, len(labels) // 64)):
-            tokens.append(vq.encode(random_crops(photos, chunk, rng)))
-    return DrafterData(torch.cat(tokens).cpu(), torch.from_numpy(labels).long(),
-                       sources=(f"{crops_per_class} real crops per class of the embedded photos",))
+    labels, tokens = encode_crops(vq, load_photos(), crops_per_class, np.random.default_rng(seed + 7))
+    return DrafterData(tokens.cpu(), labels, sources=(f"{crops_per_class} real crops per class of the embedded photos",))
 
 
 def _load_image(path: Path, size: int) -> torch.Tensor:

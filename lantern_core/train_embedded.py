@@ -169,8 +169,12 @@ def train_vq(photos, schedule: Schedule, seed: int, record: dict) -> VQModel:
 
 
 def encode_dataset(vq: VQModel, photos, schedule: Schedule, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rng = np.random.default_rng(seed + 1)
-    labels = np.repeat(np.arange(len(photos)), schedule.gpt_crops_per_class)
+    return encode_crops(vq, photos, schedule.gpt_crops_per_class, np.random.default_rng(seed + 1))
+
+
+def encode_crops(vq: VQModel, photos, per_class: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """`per_class` random crops of every photo, VQ-encoded -> (labels (S,), tokens (S, N))."""
+    labels = np.repeat(np.arange(len(photos)), per_class)
     tokens = []
     with torch.no_grad():
         for chunk in np.array_split(labels, max(1, len(labels) // 64)):

@@ -11,7 +11,6 @@ import torch
 
 from .models.gpt import ForwardStep, LlamaGenGPT
 from .models.kv_cache import KVCache
-from .tree import TreeBuffers
 
 
 def tree_mask(key_valid: torch.Tensor, length: int, buffers) -> torch.Tensor:

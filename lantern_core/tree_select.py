@@ -14,6 +14,7 @@ E[tokens] / (verify(n) + depth x drafter) wins. This module measures and chooses
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -43,13 +44,34 @@ class CostCurve:
 
 
 def _time(fn, device: torch.device, reps: int) -> float:
+    """Median seconds of `reps` calls after one warm-up call."""
     fn()
-    synchronize(device)
-    start = time.perf_counter()
+    times = []
     for _ in range(reps):
+        synchronize(device)
+        start = time.perf_counter()
         fn()
-    synchronize(device)
-    return (time.perf_counter() - start) / reps
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def verify_times(model: LlamaGenGPT, rows: int, sizes: tuple[int, ...], reps: int) -> list[tuple[int, float]]:
+    """Seconds of one target forward + logits over n new tokens at a mid-image context, for each n in sizes
+    (the speculative verify step; `bench.py` reports the same curve)."""
+    device = model.tok_embeddings.weight.device
+    context = model.config.cls_token_num + model.config.num_image_tokens // 2
+    cache = model.allocate_cache(rows, context + max(sizes))
+    out = []
+    for n in sizes:
+        tokens = torch.zeros(rows, n, dtype=torch.long, device=device)
+        mask = torch.ones(rows, 1, n, context + n, dtype=torch.bool, device=device)
+        slots = torch.arange(context, context + n, device=device)
+        step = ForwardStep(slots.clamp(max=model.rope_table.shape[0] - 1), cache, context + n, mask, slots)
+        out.append((n, _time(lambda: model.logits(model(model.embed_tokens(tokens), step)), device, reps)))
+    cache.release()
+    return out
 
 
 @torch.no_grad()
@@ -57,25 +79,15 @@ def measure_costs(model: LlamaGenGPT, drafter: EagleDrafter, rows: int, reps: in
     """Time target verification for SIZES tree tokens and one drafter level, on the model's device."""
     device = model.tok_embeddings.weight.device
     length = model.config.cls_token_num + model.config.num_image_tokens // 2  # a mid-image cache
-    cache = model.allocate_cache(rows, length + SIZES[-1])
-    dcache = drafter.allocate_cache(rows, length + SIZES[-1])
-    dim = model.config.dim
-    points = []
-    for n in SIZES:
-        tokens = torch.zeros(rows, n, dtype=torch.long, device=device)
-        mask = torch.ones(rows, 1, n, length + n, dtype=torch.bool, device=device)
-        slots = torch.arange(length, length + n, device=device)
-        step = ForwardStep(slots.clamp(max=model.rope_table.shape[0] - 1), cache, length + n, mask, slots)
-        points.append((n, _time(lambda: model.logits(model(model.embed_tokens(tokens), step)), device, reps)))
-    feats = torch.zeros(rows, 8, dim, device=device, dtype=model.tok_embeddings.weight.dtype)
+    dcache = drafter.allocate_cache(rows, length + 8)
+    feats = torch.zeros(rows, 8, model.config.dim, device=device, dtype=model.tok_embeddings.weight.dtype)
     dtokens = torch.zeros(rows, 8, dtype=torch.long, device=device)
     dmask = torch.ones(rows, 1, 8, length + 8, dtype=torch.bool, device=device)
     dslots = torch.arange(length, length + 8, device=device)
     dstep = ForwardStep(dslots.clamp(max=drafter.rope_table.shape[0] - 1), dcache, length + 8, dmask, dslots)
     draft = _time(lambda: model.logits(drafter(feats, dtokens, dstep)), device, reps)
-    cache.release()
     dcache.release()
-    return CostCurve(tuple(points), draft)
+    return CostCurve(tuple(verify_times(model, rows, SIZES, reps)), draft)
 
 
 def node_rates(base: TreeSpec, accepted_by_node: list[int], iterations: int) -> dict[tuple[int, ...], float]:

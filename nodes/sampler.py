@@ -104,8 +104,10 @@ def _neighbors(model: LanternModel, decoding: LanternDecoding):
     rule = decoding.spec.relaxation
     if rule is None or rule.k == 0:
         return None
-    codebook = model.vq.model.quantize.embedding.weight
-    return load_or_build_neighbors(codebook, rule.k, paths.neighbor_cache_dir())
+    if rule.k not in model.neighbor_tables:  # the disk cache is read (or built) once per loaded model and k
+        codebook = model.vq.model.quantize.embedding.weight
+        model.neighbor_tables[rule.k] = load_or_build_neighbors(codebook, rule.k, paths.neighbor_cache_dir())
+    return model.neighbor_tables[rule.k]
 
 
 def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | None, sampling: SamplingConfig,

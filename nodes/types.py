@@ -28,6 +28,7 @@ class LanternModel:
     tokenizer: object | None
     class_names: list[str] = field(default_factory=list)
     dtype: torch.dtype = torch.float32
+    neighbor_tables: dict = field(default_factory=dict, repr=False)  # k -> (V, k) table, read once per model
 
     @property
     def config(self):

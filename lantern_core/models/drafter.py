@@ -12,12 +12,12 @@ import torch
 import torch.nn as nn
 
 from ..config import DrafterConfig
-from .gpt import ROPE_EXTRA_ROWS, ForwardStep, TransformerBlock
+from .gpt import ROPE_EXTRA_ROWS, ForwardStep, Fp32Rope, TransformerBlock
 from .kv_cache import KVCache
 from .rope import build_rope_2d
 
 
-class EagleDrafter(nn.Module):
+class EagleDrafter(Fp32Rope):
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.config = config
@@ -33,12 +33,6 @@ class EagleDrafter(nn.Module):
         c = self.config
         return build_rope_2d(c.grid_size, c.dim // c.n_head, c.rope_base, c.cls_token_num,
                              extra_rows=ROPE_EXTRA_ROWS + 1)
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)  # keep the RoPE table float32 under .half() / .to(bf16)
-        if self.rope_table.dtype != torch.float32:
-            self.rope_table = self._build_rope().to(self.rope_table.device)
-        return self
 
     @property
     def max_seq_len(self) -> int:

@@ -131,7 +131,21 @@ class ForwardStep:
         self.cache = cache
 
 
-class LlamaGenGPT(nn.Module):
+class Fp32Rope(nn.Module):
+    """Base for modules with a non-persistent `rope_table` rebuilt by `_build_rope`: .to(bf16) / .half()
+    must not round the RoPE table, so it is rebuilt in float32 (as upstream keeps freqs_cis)."""
+
+    def _build_rope(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.rope_table.dtype != torch.float32:
+            self.rope_table = self._build_rope().to(self.rope_table.device)
+        return self
+
+
+class LlamaGenGPT(Fp32Rope):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
@@ -144,13 +158,6 @@ class LlamaGenGPT(nn.Module):
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.register_buffer("rope_table", self._build_rope(), persistent=False)  # not in checkpoints, as upstream
-
-    def _apply(self, fn, recurse=True):
-        # .to(bf16) / .half() must not round the RoPE table: keep it float32 (as upstream keeps freqs_cis).
-        super()._apply(fn, recurse)
-        if self.rope_table.dtype != torch.float32:
-            self.rope_table = self._build_rope().to(self.rope_table.device)
-        return self
 
     def _build_rope(self) -> torch.Tensor:
         c = self.config

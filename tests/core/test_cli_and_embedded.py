@@ -12,7 +12,7 @@ from PIL import Image
 from lantern_core.checkpoint_io import read_checkpoint
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
-from lantern_core.embedded import EMBEDDED_CLASSIFIER, EMBEDDED_DIR, load_embedded
+from lantern_core.embedded import EMBEDDED_DIR, load_embedded
 from lantern_core.errors import ConfigError
 from lantern_core.generate import generate
 from lantern_core.sampling import make_generators
@@ -49,11 +49,9 @@ def test_embedded_model_shape(pipe):
 def test_embedded_samples_are_recognised_as_their_class(pipe):
     """Generated images must look like their source photo: the shipped classifier (trained on real
     crops only) recognises them far above chance (1/8)."""
-    from lantern_core.train_embedded import PhotoClassifier
+    from lantern_core.embedded import load_classifier
 
-    clf = PhotoClassifier(8)
-    clf.load_state_dict({k: v.float() for k, v in read_checkpoint(EMBEDDED_CLASSIFIER).tensors.items()})
-    clf.eval()
+    clf = load_classifier()
     labels = torch.arange(8).repeat_interleave(3)
     result = generate(pipe.gpt.model, Condition.classes(labels), SamplingConfig(cfg_scale=3.0),
                       make_generators(1000, labels.numel()))

@@ -3,7 +3,6 @@ tree-verification and walk code: the first decoding iteration is run for 20,000 
 once (a batch of trees at the same cache length) on a tiny model with an 8-token vocabulary, and the
 joint law of the first tokens is checked by chi-square against the model's own autoregressive law. Each
 tree kind is also run with a deliberately wrong acceptance rule, which the same test rejects."""
-from dataclasses import replace
 
 import pytest
 import torch

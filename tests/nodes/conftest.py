@@ -2,6 +2,7 @@
 pack the way ComfyUI does; server tests start `main.py --cpu` with the pack linked in."""
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import socket
 import sys
@@ -47,6 +48,20 @@ def pack(mm):
     spec.loader.exec_module(module)
     module.nodes.paths.register_folders()
     return module
+
+
+@pytest.fixture(scope="session")
+def node(pack):
+    """The pack's node classes by node id, as ComfyUI registers them."""
+    classes = asyncio.run(pack.nodes.LanternExtension().get_node_list())
+    return {cls.define_schema().node_id: cls for cls in classes}
+
+
+@pytest.fixture(scope="session")
+def model(pack, node):
+    """The embedded model loaded through Lantern: Load Model (fp32 on the CPU)."""
+    return node["LanternModelLoader"].execute(checkpoint=pack.nodes.paths.EMBEDDED, vq_tokenizer="auto",
+                                              text_encoder="none", dtype="auto").args[0]
 
 
 def free_port() -> int:

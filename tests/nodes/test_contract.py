@@ -2,7 +2,6 @@
 real model management, progress hook and interrupt flag."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -11,18 +10,6 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 NODE_IDS = ["LanternModelLoader", "LanternDrafterLoader", "LanternConditioning", "LanternDecodingConfig", "LanternSampler",
             "LanternDecode", "LanternGenerate"]
-
-
-@pytest.fixture(scope="module")
-def node(pack):
-    classes = asyncio.run(pack.nodes.LanternExtension().get_node_list())
-    return {cls.define_schema().node_id: cls for cls in classes}
-
-
-@pytest.fixture(scope="module")
-def model(pack, node):
-    return node["LanternModelLoader"].execute(checkpoint=pack.nodes.paths.EMBEDDED, vq_tokenizer="auto",
-                                              text_encoder="none", dtype="auto").args[0]
 
 
 SAMPLING = dict(cfg=3.0, temperature=1.0, top_k=0, top_p=1.0)

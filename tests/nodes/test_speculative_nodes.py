@@ -3,22 +3,9 @@ loader (embedded first, fit checks, shared loads), decoding-config validation th
 and sampler runs in every mode on the embedded model with stats and the heat map."""
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 import torch
-
-
-@pytest.fixture(scope="module")
-def node(pack):
-    classes = asyncio.run(pack.nodes.LanternExtension().get_node_list())
-    return {cls.define_schema().node_id: cls for cls in classes}
-
-
-@pytest.fixture(scope="module")
-def model(pack, node):
-    return node["LanternModelLoader"].execute(checkpoint=pack.nodes.paths.EMBEDDED, vq_tokenizer="auto",
-                                              text_encoder="none", dtype="fp32").args[0]
 
 
 @pytest.fixture(scope="module")

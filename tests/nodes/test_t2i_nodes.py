@@ -2,7 +2,6 @@
 models/lantern folders, picked in the loader's combos, prompt -> tokens -> IMAGE."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -45,8 +44,8 @@ def files(pack):
     return ckpt, vq, t5
 
 
-def test_t2i_model_runs_through_the_nodes(pack, files):
-    nodes = {c.define_schema().node_id: c for c in asyncio.run(pack.nodes.LanternExtension().get_node_list())}
+def test_t2i_model_runs_through_the_nodes(pack, files, node):
+    nodes = node
     schema = nodes["LanternModelLoader"].define_schema()
     options = {i.id: i.options for i in schema.inputs if hasattr(i, "options")}
     assert "tiny_t2i.safetensors" in options["checkpoint"]
@@ -74,7 +73,7 @@ def test_t2i_model_runs_through_the_nodes(pack, files):
     assert image.shape == (2, 16, 16, 3)
 
 
-def test_t2i_speculation_with_a_drafter_folder(pack, files):
+def test_t2i_speculation_with_a_drafter_folder(pack, files, node):
     """A drafter saved in the released layout into models/lantern/drafters/ is listed, loaded against the t2i
     target (prefix 8 -> drafter prefix 7), refused for the embedded model, and greedy LANTERN++ with
     lambda = 1 reproduces greedy AR for left-padded prompts."""
@@ -84,7 +83,7 @@ def test_t2i_speculation_with_a_drafter_folder(pack, files):
     from lantern_core.config import DrafterConfig
     from lantern_pack.lantern_core.errors import LanternError
 
-    nodes = {c.define_schema().node_id: c for c in asyncio.run(pack.nodes.LanternExtension().get_node_list())}
+    nodes = node
     target = random_gpt(T2I)
     drafter = EagleDrafter(DrafterConfig.for_target(T2I))
     drafter.init_from_target(target, torch.Generator().manual_seed(3), std=0.1)
