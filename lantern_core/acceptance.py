@@ -41,7 +41,7 @@ def _normalise(x: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, x / total.clamp(min=torch.finfo(x.dtype).tiny), uniform)
 
 
-def _absorbed_set(tokens: torch.Tensor, count: torch.Tensor, neighbors: torch.Tensor, k: int, V: int) -> torch.Tensor:
+def absorbed_set(tokens: torch.Tensor, count: torch.Tensor, neighbors: torch.Tensor, k: int, V: int) -> torch.Tensor:
     """(B, V) bool: the first count[b] neighbours of tokens[b]."""
     near = neighbors[tokens, :k].to(tokens.device)  # (B, k)
     take = torch.arange(k, device=tokens.device)[None] < count[:, None]
@@ -91,7 +91,7 @@ def accept_siblings(p: torch.Tensor, q: torch.Tensor | None, children: torch.Ten
         if absorbed is not None:
             absorbed_out = torch.where(take, absorbed, absorbed_out)
         reject = (open_rows & ~take)[:, None]
-        carve = _absorbed_set(x, count, neighbors, rule.k, V) if relaxed else None
+        carve = absorbed_set(x, count, neighbors, rule.k, V) if relaxed else None
         if q_left is not None:
             q_prime = q_j if carve is None else q_j.masked_fill(carve, 0.0)
             updated = _normalise((residual - q_prime).clamp(min=0.0))

@@ -1,5 +1,6 @@
-"""Speculative-decoding benchmark on the embedded model (`make bench`): for AR, EAGLE-2, the static tree
-and LANTERN / LANTERN++ settings, the forward passes per image, mean accepted length, wall-clock
+"""Speculative-decoding benchmark on the embedded model (`make bench`): for AR, EAGLE-2, the static tree,
+LANTERN / LANTERN++ settings and the training-free Jacobi modes (SJD, coupled SJD, relaxed Jacobi with
+LANTERN's relaxation or GSD's groups), the forward passes per image, mean accepted length, wall-clock
 speed-up over AR, and quality next to AR: the embedded classifier's accuracy, a Frechet distance on its
 features against real crops, and the per-position token-marginal TVD against AR. A second AR row with
 other seeds gives the AR-vs-AR noise floor for every quality column.
@@ -27,8 +28,9 @@ from .config import SamplingConfig
 from .drafting import DynamicShape
 from .embedded import EMBEDDED_NAME, load_classifier, load_embedded
 from .generate import GenerationResult, generate, synchronize
+from .jacobi import JacobiConfig, jacobi_generate
 from .neighbors import build_neighbors
-from .relaxation import Relaxation
+from .relaxation import Grouping, Relaxation
 from .bench import machine_info, write_report
 from .sampling import make_generators
 from .speculative import SpeculativeConfig, speculative_generate
@@ -42,8 +44,22 @@ CPU_DYNAMIC = DynamicShape(depth=3, top_k=4, nodes=8)  # EAGLE-2 at CPU size: it
 @dataclass(frozen=True)
 class Method:
     name: str
-    spec: SpeculativeConfig | None  # None = plain AR
+    spec: SpeculativeConfig | JacobiConfig | None  # None = plain AR
     seed_offset: int = 0  # the AR noise-floor row draws other seeds
+
+    def decode(self, model, drafter, cond: Condition, sampling: SamplingConfig, gens, neighbors) -> GenerationResult:
+        if self.spec is None:
+            return generate(model, cond, sampling, gens)
+        if isinstance(self.spec, JacobiConfig):
+            return jacobi_generate(model, cond, sampling, self.spec, gens, neighbors)
+        return speculative_generate(model, drafter, cond, sampling, self.spec, gens, neighbors)
+
+
+def tree_label(tree: str) -> str:
+    """The short name of what a row decoded with: the static tree, or the Jacobi window."""
+    if "jacobi w" in tree:
+        return "window " + tree.split("jacobi w")[1].split(" ")[0]
+    return tree.split(" ")[0]
 
 
 def methods(lantern_k: int = 1000, pp_k: int = 10) -> list[Method]:
@@ -56,6 +72,15 @@ def methods(lantern_k: int = 1000, pp_k: int = 10) -> list[Method]:
     rows += [Method(f"lantern_pp lambda={lam:g}", SpeculativeConfig(tree="auto", static_tree=NAIVE_EXTEND_57,
                                                                     relaxation=Relaxation(k=pp_k, lam=lam)))
              for lam in (2.0, 5.0, 10.0)]
+    coupled = dict(coupled=True, init="sample_left")
+    rows += [Method("sjd", JacobiConfig("auto", init="sample_left")), Method("sjd_coupled", JacobiConfig("auto", **coupled)),
+             Method("sjd_coupled random init", JacobiConfig("auto", coupled=True, init="random")),
+             Method("sjd_coupled repeat_above", JacobiConfig("auto", coupled=True, init="repeat_above"))]
+    rows += [Method(f"sjd_relaxed lambda={lam:g} k={pp_k}", JacobiConfig("auto", **coupled, relaxation=Relaxation(k=pp_k, lam=lam)))
+             for lam in (5.0, 10.0)]
+    rows += [Method(f"sjd_relaxed delta={d} k={k}", JacobiConfig("auto", **coupled, relaxation=Relaxation(k=k, delta=d)))
+             for d, k in ((0.1, 8), (0.2, 16), (0.1, lantern_k))]
+    rows.append(Method("sjd_relaxed gsd k=64 gap=0.15", JacobiConfig("auto", **coupled, grouping=Grouping(k=64, gap=0.15))))
     return rows
 
 
@@ -103,18 +128,15 @@ def real_crop_features(clf, count: int, seed: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def run(images: int, round_size: int, sampling: SamplingConfig, device: torch.device, dtype: torch.dtype) -> dict:
+def run(images: int, round_size: int, sampling: SamplingConfig, device: torch.device, dtype: torch.dtype,
+        only: tuple[str, ...] = ()) -> dict:
     pipe = load_embedded(device, dtype, drafter=True)
     model, drafter, vq = pipe.gpt.model, pipe.drafter.model, pipe.vq.model
     neighbors = build_neighbors(vq.quantize.embedding.weight, 1000)
-    rows = methods()
+    rows = [m for m in methods() if m.name.startswith("ar") or not only or m.name.startswith(only)]
     tallies = {m.name: Tally() for m in rows}
     for m in rows:  # warm-up (and `auto` calibration) outside the timed rounds
-        if m.spec is not None:
-            speculative_generate(model, drafter, Condition.classes([0]), sampling, m.spec,
-                                 make_generators(999_999, 1, device), neighbors)
-        else:
-            generate(model, Condition.classes([0]), sampling, make_generators(999_999, 1, device))
+        m.decode(model, drafter, Condition.classes([0]), sampling, make_generators(999_999, 1, device), neighbors)
     for start in range(0, images, round_size):
         idx = list(range(start, min(images, start + round_size)))
         labels = [i % 8 for i in idx]
@@ -125,13 +147,10 @@ def run(images: int, round_size: int, sampling: SamplingConfig, device: torch.de
                 gens = make_generators(i + m.seed_offset, 1, device)
                 synchronize(device)
                 t0 = time.perf_counter()
-                if m.spec is None:
-                    result: GenerationResult = generate(model, cond, sampling, gens)
-                    t.forwards += result.stats.forward_passes
-                else:
-                    result = speculative_generate(model, drafter, cond, sampling, m.spec, gens, neighbors)
-                    t.forwards += result.stats.forward_passes
-                    t.trees.add(result.stats.tree.split(" ")[0])
+                result = m.decode(model, drafter, cond, sampling, gens, neighbors)
+                t.forwards += result.stats.forward_passes
+                if m.spec is not None:
+                    t.trees.add(tree_label(result.stats.tree))
                 synchronize(device)
                 t.seconds += time.perf_counter() - t0
                 t.images += 1
@@ -192,7 +211,7 @@ def markdown(report: dict) -> str:
                      f"{r['mean_accepted_length']:.2f} | {r['s_per_image']:.3f} | {r['speedup_vs_ar']:.2f}x | "
                      f"{r['classifier_accuracy']:.3f} | {r['frechet_vs_real']:.3f} | {r['token_tvd_vs_ar']:.3f} |")
     lines += ["", "The `ar (other seeds)` row is the noise floor: two AR sample sets differ this much by chance "
-                  "alone. Exact modes (eagle2, static_tree) sample the AR distribution, so their quality columns "
+                  "alone. Exact modes (eagle2, static_tree, sjd, sjd_coupled) sample the AR distribution, so their quality columns "
                   "should sit within that noise.", "",
               "## Forward-cost curve (what `auto` plans with)", "",
               "| tree tokens verified | ms per verification | vs 1 token |", "|---|---|---|"]
@@ -212,13 +231,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--round", type=int, default=8, help="images per interleaving round")
     parser.add_argument("--cfg", type=float, default=3.0)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--only", nargs="*", default=[], help="method-name prefixes to run (the AR rows always run)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     sampling = SamplingConfig(cfg_scale=args.cfg, temperature=args.temperature)
     torch.set_flush_denormal(True)
     try:
-        report = run(args.images, args.round, sampling, device, dtype)
+        report = run(args.images, args.round, sampling, device, dtype, tuple(args.only))
     finally:
         torch.set_flush_denormal(False)
     report.update(machine_info(device), model=EMBEDDED_NAME, dtype=args.dtype, images=args.images,

@@ -5,8 +5,10 @@ the mass of the longest nearest-first prefix A of B_k(x) onto x: p~(x) = p(x) + 
 S_m = p(n_1) + ... + p(n_m) and m* the largest m whose S_m fits the budget:
   LANTERN   (delta, an absolute total-variation budget):  S_m <= delta          => TVD(p, p~) = S_m* <= delta
   LANTERN++ (lambda >= 1, a multiplicative bound):        S_m <= (lambda-1) p(x) => p~(x) <= lambda p(x)
-delta = 0 and lambda = 1 give p~ = p. Acceptance rules (exact, greedy, relaxed) build on this; they are
-not here.
+delta = 0 and lambda = 1 give p~ = p. GSD's grouped acceptance (arXiv 2508.07747) is the other
+relaxation here: the group G(x) is x plus those of its k nearest latent neighbours whose target
+probability lies within `gap` of p(x), and a draft is judged on the group's mass, min(1, p(G) / q(G)).
+Acceptance rules (exact, greedy, relaxed) build on this; they are not here.
 """
 from __future__ import annotations
 
@@ -56,3 +58,37 @@ def relax(probs: torch.Tensor, tokens: torch.Tensor, neighbors: torch.Tensor, ru
     absorbed = torch.where(count > 0, prefix.gather(1, (count - 1).clamp(min=0)[:, None])[:, 0],
                            torch.zeros_like(p_x))
     return RelaxedMass(p_x + absorbed, absorbed, count)
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """GSD grouped acceptance: G(x) = x + neighbours among its k nearest with |p(y) - p(x)| < gap."""
+
+    k: int = 14
+    gap: float = 0.15
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or self.k < 0:
+            raise ConfigError("group size k", "an integer >= 0 (neighbours considered per token)", self.k)
+        if not 0.0 <= self.gap <= 1.0:
+            raise ConfigError("group gap", "a probability difference in [0, 1]", self.gap)
+
+
+@dataclass
+class GroupMass:
+    target: torch.Tensor  # (N,) p(G(x))
+    draft: torch.Tensor  # (N,) q(G(x))
+    members: torch.Tensor  # (N,) |G(x)| - 1: neighbours in the group
+
+
+def group_mass(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, neighbors: torch.Tensor,
+               rule: Grouping) -> GroupMass:
+    """p, q (N, V) target and draft distributions, tokens (N,) drafts -> group masses under p and q."""
+    p_x = p.gather(1, tokens[:, None])[:, 0]
+    q_x = q.gather(1, tokens[:, None])[:, 0]
+    if rule.k == 0:
+        return GroupMass(p_x, q_x, torch.zeros_like(tokens))
+    near = neighbors[tokens, : rule.k].to(p.device)  # (N, k)
+    p_near = p.gather(1, near)
+    inside = (p_near - p_x[:, None]).abs() < rule.gap  # (N, k) group membership
+    return GroupMass(p_x + (p_near * inside).sum(1), q_x + (q.gather(1, near) * inside).sum(1), inside.sum(1))

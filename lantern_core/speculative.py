@@ -155,7 +155,7 @@ def _calibrate(model: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, 
     on this machine (the model-forward cost model is scaled by the base tree's measured speed)."""
     device = model.tok_embeddings.weight.device
     N = model.config.num_image_tokens
-    scratch = _Tally(device, by_node=torch.zeros(spec.static_tree.num_nodes + 1, dtype=torch.long, device=device))
+    scratch = RunTally(device, by_node=torch.zeros(spec.static_tree.num_nodes + 1, dtype=torch.long, device=device))
     out = torch.empty(N, dtype=torch.long, device=device)
     cells = torch.ones(N, dtype=torch.int32, device=device)
     start = time.perf_counter()
@@ -179,8 +179,9 @@ def _calibrate(model: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, 
 
 
 @dataclass
-class _Tally:
-    """Run counters. The relaxation ones stay on the device (read once at the end, never per step)."""
+class RunTally:
+    """Run counters of a speculative decoder (tree or Jacobi). The relaxation ones stay on the device
+    (read once at the end, never per step)."""
 
     device: torch.device
     by_node: torch.Tensor | None = None  # (n+1,) acceptances per node of the static tree in use
@@ -198,18 +199,46 @@ class _Tally:
     def iterations(self) -> int:
         return sum(self.histogram)
 
+    def to_stats(self, batch: int, image_tokens: int, wall_time_s: float, tree: str) -> SpeculativeStats:
+        """The run's stats (reads the device counters once)."""
+        accepted = sum(k * c for k, c in enumerate(self.histogram))
+        return SpeculativeStats(
+            batch=batch, image_tokens=image_tokens, forward_passes=batch + self.iterations, wall_time_s=wall_time_s,
+            prefill_time_s=self.prefill_s, kv_cache_bytes=self.cache_bytes, iterations=self.iterations,
+            drafter_forwards=self.drafter_forwards, accepted_histogram=self.histogram,
+            relaxed_tokens=int(self.relaxed), mean_absorbed=float(self.absorbed_sum) / max(accepted, 1),
+            max_absorbed=float(self.absorbed_max),
+            accepted_by_node=[] if self.by_node is None else self.by_node.tolist(), tree=tree)
+
+    def record(self, accepted: int, absorbed: torch.Tensor) -> None:
+        """One verification that accepted `accepted` drafts, each using `absorbed` (accepted,) relaxed mass."""
+        while len(self.histogram) <= accepted:
+            self.histogram.append(0)
+        self.histogram[accepted] += 1
+        if absorbed.numel():
+            self.absorbed_sum += absorbed.sum()
+            self.absorbed_max = torch.maximum(self.absorbed_max, absorbed.max())
+            self.relaxed += (absorbed > 0).sum()
+
+
+def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """The neighbour table on `device` when the acceptance reads k > 0 neighbours, else None."""
+    if k == 0:
+        return None
+    if neighbors is None or neighbors.shape[1] < k:
+        raise ConfigError("neighbour table", f"a (V, >= {k}) table for lantern k",
+                          None if neighbors is None else tuple(neighbors.shape),
+                          "build it with lantern_core.neighbors.load_or_build_neighbors")
+    return neighbors.to(device)
+
 
 @torch.no_grad()
 def speculative_generate(model: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
                          spec: SpeculativeConfig, generator: Generators = None, neighbors: torch.Tensor | None = None,
                          on_step: StepCallback | None = None) -> GenerationResult:
     """Speculatively sample `condition.batch` images' tokens. `neighbors` (V, >= k) is needed for relaxation."""
-    if spec.relaxation is not None and spec.relaxation.k > 0:
-        if neighbors is None or neighbors.shape[1] < spec.relaxation.k:
-            raise ConfigError("neighbour table", f"a (V, >= {spec.relaxation.k}) table for lantern k",
-                              None if neighbors is None else tuple(neighbors.shape),
-                              "build it with lantern_core.neighbors.load_or_build_neighbors")
-        neighbors = neighbors.to(model.tok_embeddings.weight.device)
+    neighbors = check_neighbors(spec.relaxation.k if spec.relaxation else 0, neighbors,
+                                model.tok_embeddings.weight.device)
     start = time.perf_counter()
     config = model.config
     N = config.num_image_tokens
@@ -217,7 +246,7 @@ def speculative_generate(model: LlamaGenGPT, drafter: EagleDrafter, condition: C
     device = model.tok_embeddings.weight.device
     tokens = torch.empty(B, N, dtype=torch.long, device=device)
     per_cell = torch.ones(B, N, dtype=torch.int32, device=device)
-    tally = _Tally(device)
+    tally = RunTally(device)
     tree_name = spec.static_tree.name if spec.tree == "static" else (
         f"eagle2 d{spec.dynamic.depth} k{spec.dynamic.top_k} n{spec.dynamic.nodes}")
     plan = None
@@ -239,20 +268,12 @@ def speculative_generate(model: LlamaGenGPT, drafter: EagleDrafter, condition: C
         _decode_one(model, drafter, condition.row(i), sampling, spec, plan,
                     generator_for(generator, i), neighbors, tokens[i], per_cell[i], tally, report)
     synchronize(device)
-    hist = tally.histogram
-    accepted_tokens = sum(k * c for k, c in enumerate(hist))
-    stats = SpeculativeStats(
-        batch=B, image_tokens=N, forward_passes=B + tally.iterations,
-        wall_time_s=time.perf_counter() - start, prefill_time_s=tally.prefill_s, kv_cache_bytes=tally.cache_bytes,
-        iterations=tally.iterations, drafter_forwards=tally.drafter_forwards, accepted_histogram=hist,
-        relaxed_tokens=int(tally.relaxed), mean_absorbed=float(tally.absorbed_sum) / max(accepted_tokens, 1),
-        max_absorbed=float(tally.absorbed_max),
-        accepted_by_node=[] if tally.by_node is None else tally.by_node.tolist(), tree=tree_name)
+    stats = tally.to_stats(B, N, time.perf_counter() - start, tree_name)
     return GenerationResult(tokens, stats, per_cell)
 
 
 def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neighbors,
-                out: torch.Tensor, per_cell: torch.Tensor, tally: _Tally, report) -> None:
+                out: torch.Tensor, per_cell: torch.Tensor, tally: RunTally, report) -> None:
     config = model.config
     N = config.num_image_tokens
     guided = sampling.uses_cfg
@@ -297,15 +318,9 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
             length = commit_path(cache, length, path)
             session.consume(hidden[:, path], new[None].expand(rows, -1))
             done += take
-            while len(tally.histogram) <= accepted:
-                tally.histogram.append(0)
-            tally.histogram[accepted] += 1
+            tally.record(accepted, absorbed)
             if tally.by_node is not None:
                 tally.by_node.index_add_(0, path, torch.ones_like(path))
-            if absorbed.numel():
-                tally.absorbed_sum += absorbed.sum()
-                tally.absorbed_max = torch.maximum(tally.absorbed_max, absorbed.max())
-                tally.relaxed += (absorbed > 0).sum()
             report(done)
     finally:
         tally.cache_bytes = max(tally.cache_bytes, cache.nbytes + (session.cache.nbytes if session else 0))

@@ -1,13 +1,16 @@
-"""LanternDecodingConfig: the decoding mode, its drafter and parameters -> LANTERN_DECODING."""
+"""LanternDecodingConfig: the decoding mode, its drafter (none for the training-free sjd modes) and
+parameters -> LANTERN_DECODING."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from comfy_api.latest import io
 
 from ..lantern_core.drafting import DynamicShape
 from ..lantern_core.errors import ConfigError, LanternError
-from ..lantern_core.relaxation import Relaxation
+from ..lantern_core.jacobi import INITS, JacobiConfig
+from ..lantern_core.relaxation import Grouping, Relaxation
 from ..lantern_core.speculative import SpeculativeConfig
 from ..lantern_core.tree import STATIC_TREES, TreeSpec, chain_tree
 from .types import LanternDecoding, LanternDecodingType, LanternDrafterType
@@ -18,8 +21,26 @@ MODES = {
     "static_tree": "static draft tree, children sampled without replacement, exact (lossless) acceptance",
     "lantern": "LANTERN: EAGLE-2 tree with relaxed acceptance; latent neighbours share a total-variation budget delta",
     "lantern_pp": "LANTERN++: static tree with relaxed acceptance bounded by lambda x the target probability",
+    "sjd": "speculative Jacobi decoding: no drafter, any model; the model drafts a window of future tokens "
+           "itself; exact (lossless)",
+    "sjd_coupled": "coupled SJD: like sjd, with drafts tied to a per-position noise table so they settle faster; "
+                   "exact (lossless)",
+    "sjd_relaxed": "relaxed Jacobi: coupled SJD with relaxed acceptance (sjd_relaxation: LANTERN delta, "
+                   "LANTERN++ lambda or GSD groups); not lossless",
 }
+JACOBI_MODES = ("sjd", "sjd_coupled", "sjd_relaxed")
+SJD_RELAXATIONS = ("lantern_pp", "lantern", "gsd")
 TREES = ["auto", *STATIC_TREES, "chain", "custom"]
+
+
+@dataclass(frozen=True)
+class JacobiWidgets:
+    """The Jacobi widgets: window (0 = auto), initialisation, relaxed rule and GSD's probability gap."""
+
+    window: int = 0
+    init: str = "sample_left"
+    relaxation: str = "lantern_pp"
+    gsd_gap: float = 0.15
 
 
 def parse_custom_tree(text: str) -> TreeSpec:
@@ -34,13 +55,39 @@ def parse_custom_tree(text: str) -> TreeSpec:
                           text[:80], f"fix the JSON ({exc})") from exc
 
 
+def build_jacobi(mode: str, jacobi: JacobiWidgets, lantern_k: int, delta: float, lam: float) -> JacobiConfig:
+    """The Jacobi modes' widgets -> JacobiConfig (validated, naming the widget)."""
+    if jacobi.init not in INITS:
+        raise ConfigError("jacobi_init", f"one of {list(INITS)}", jacobi.init)
+    if jacobi.relaxation not in SJD_RELAXATIONS:
+        raise ConfigError("sjd_relaxation", f"one of {list(SJD_RELAXATIONS)}", jacobi.relaxation)
+    if not 0 <= jacobi.window <= 256:
+        raise ConfigError("jacobi_window", "0 (auto) or a window of 1..256 drafted tokens", jacobi.window)
+    relaxation = grouping = None
+    if mode == "sjd_relaxed":
+        if lantern_k < 1:
+            raise ConfigError("lantern_k", "an integer >= 1 (latent neighbours per token)", lantern_k)
+        if jacobi.relaxation == "lantern":
+            relaxation = Relaxation(k=lantern_k, delta=delta)
+        elif jacobi.relaxation == "lantern_pp":
+            relaxation = Relaxation(k=lantern_k, lam=lam)
+        else:
+            grouping = Grouping(k=lantern_k, gap=jacobi.gsd_gap)
+    return JacobiConfig(window=jacobi.window or "auto", coupled=mode != "sjd", init=jacobi.init,
+                        relaxation=relaxation, grouping=grouping)
+
+
 def build_decoding(mode: str, drafter, tree: str, chain_length: int, custom_tree: str, lantern_k: int,
-                   delta: float, lam: float, eagle: DynamicShape) -> LanternDecoding:
+                   delta: float, lam: float, eagle: DynamicShape, jacobi: JacobiWidgets = JacobiWidgets()
+                   ) -> LanternDecoding:
     """Widget values -> LanternDecoding (validated; raises LanternError naming the parameter)."""
     if mode not in MODES:
         raise ConfigError("mode", f"one of {list(MODES)}", mode)
     if mode == "ar":
         return LanternDecoding("ar")
+    if mode in JACOBI_MODES:
+        config = build_jacobi(mode, jacobi, lantern_k, delta, lam)
+        return LanternDecoding(mode, None, config, config.describe())
     if drafter is None:
         raise LanternError(f"mode '{mode}' needs a drafter: connect Lantern: Load Drafter to 'drafter' "
                            "(or choose mode 'ar')")
@@ -112,13 +159,36 @@ class LanternDecodingConfig(io.ComfyNode):
                 io.Int.Input("eagle_nodes", default=58, min=1, max=512,
                              tooltip="eagle2 / lantern: drafted nodes verified per step (EAGLE-2: 58). On a CPU "
                                      "each verified node costs time; 10-20 is usually faster there."),
+                io.Int.Input("jacobi_window", default=0, min=0, max=256,
+                             tooltip="sjd modes: future tokens drafted and verified per forward pass. 0 = auto: "
+                                     "measured once per model, device and setting from this machine's forward-"
+                                     "cost curve and a scratch image (wide on GPUs, about 8-16 on CPUs). The "
+                                     "papers used 16."),
+                io.Combo.Input("jacobi_init", options=list(INITS), default="sample_left",
+                               tooltip="sjd modes: how a position entering the window is first drafted. "
+                                       "sample_left: sampled from the model's latest prediction (the nearest "
+                                       "position to its left); random: a uniform random token; repeat_left / "
+                                       "repeat_above: a copy of the token to the left / above. Any choice is "
+                                       "lossless for sjd and sjd_coupled; it only changes the speed."),
+                io.Combo.Input("sjd_relaxation", options=list(SJD_RELAXATIONS), default="lantern_pp",
+                               tooltip="sjd_relaxed: the relaxed acceptance. lantern_pp: a draft may absorb "
+                                       "its latent neighbours' probability up to lambda x its own (lantern_k "
+                                       "neighbours); lantern: up to a total-variation budget delta; gsd: judged "
+                                       "on its group (itself and those of its lantern_k nearest neighbours whose "
+                                       "probability is within gsd_gap of its own)."),
+                io.Float.Input("gsd_gap", default=0.15, min=0.0, max=1.0, step=0.01, round=0.001,
+                               tooltip="sjd_relaxed with gsd: a neighbour joins the group when its probability "
+                                       "differs from the draft's by less than this (GSD: 0.15)."),
             ],
             outputs=[LanternDecodingType.Output(display_name="decoding", tooltip="Feed into Lantern: Sampler.")],
         )
 
     @classmethod
     def execute(cls, mode: str, tree: str, chain_length: int, custom_tree: str, lantern_k: int, delta: float,
-                lam: float, eagle_depth: int, eagle_top_k: int, eagle_nodes: int, drafter=None) -> io.NodeOutput:
+                lam: float, eagle_depth: int, eagle_top_k: int, eagle_nodes: int, jacobi_window: int = 0,
+                jacobi_init: str = "sample_left", sjd_relaxation: str = "lantern_pp", gsd_gap: float = 0.15,
+                drafter=None) -> io.NodeOutput:
         eagle = DynamicShape(eagle_depth, eagle_top_k, eagle_nodes)
+        jacobi = JacobiWidgets(jacobi_window, jacobi_init, sjd_relaxation, gsd_gap)
         return io.NodeOutput(build_decoding(mode, drafter, tree, chain_length, custom_tree, lantern_k, delta, lam,
-                                            eagle))
+                                            eagle, jacobi))

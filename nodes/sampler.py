@@ -9,7 +9,8 @@ from ..lantern_core.conditioning import Condition
 from ..lantern_core.config import SamplingConfig
 from ..lantern_core.generate import GenerationResult, estimate_run_bytes, generate
 from ..lantern_core.images import to_unit_range
-from ..lantern_core.errors import LanternError
+from ..lantern_core.errors import ConfigError, LanternError
+from ..lantern_core.jacobi import JacobiConfig, jacobi_generate
 from ..lantern_core.neighbors import load_or_build_neighbors
 from ..lantern_core.sampling import make_generators
 from ..lantern_core.speculative import SpeculativeStats, speculative_generate
@@ -80,7 +81,8 @@ def stats_payload(result: GenerationResult, decoding: LanternDecoding, descripti
                "mean_accepted_length": round(s.mean_accepted_length, 4), "speculative": decoding.mode != "ar",
                "conditions": descriptions, "heatmap": result.acceptance_grid(0)}
     if isinstance(s, SpeculativeStats):
-        payload.update(tree=s.tree or decoding.tree_label, drafter=decoding.drafter.name,
+        payload.update(tree=s.tree or decoding.tree_label,
+                       drafter=decoding.drafter.name if decoding.drafter else "none (training-free)",
                        acceptance_by_depth=[round(a, 4) for a in s.acceptance_by_depth],
                        accepted_histogram=s.accepted_histogram, drafter_forwards=s.drafter_forwards,
                        relaxed_tokens=s.relaxed_tokens, mean_tvd_spent=round(s.mean_absorbed, 5),
@@ -101,13 +103,17 @@ def stats_text(payload: dict) -> str:
 
 
 def _neighbors(model: LanternModel, decoding: LanternDecoding):
-    rule = decoding.spec.relaxation
-    if rule is None or rule.k == 0:
+    spec = decoding.spec
+    k = spec.neighbor_k if isinstance(spec, JacobiConfig) else (spec.relaxation.k if spec.relaxation else 0)
+    if k == 0:
         return None
-    if rule.k not in model.neighbor_tables:  # the disk cache is read (or built) once per loaded model and k
-        codebook = model.vq.model.quantize.embedding.weight
-        model.neighbor_tables[rule.k] = load_or_build_neighbors(codebook, rule.k, paths.neighbor_cache_dir())
-    return model.neighbor_tables[rule.k]
+    codebook = model.vq.model.quantize.embedding.weight
+    if not 1 <= k < codebook.shape[0]:
+        raise ConfigError("lantern_k", f"an integer in 1..{codebook.shape[0] - 1} (neighbours per token; "
+                          f"codebook size - 1 for '{model.name}')", k)
+    if k not in model.neighbor_tables:  # the disk cache is read (or built) once per loaded model and k
+        model.neighbor_tables[k] = load_or_build_neighbors(codebook, k, paths.neighbor_cache_dir())
+    return model.neighbor_tables[k]
 
 
 def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | None, sampling: SamplingConfig,
@@ -115,7 +121,8 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
     """One sampler run inside ComfyUI: place the model, generate with progress, release memory."""
     decoding = decoding or LanternDecoding()
     speculative = decoding.mode != "ar"
-    if speculative and not decoding.drafter.fits(model):
+    jacobi = isinstance(decoding.spec, JacobiConfig)
+    if speculative and not jacobi and not decoding.drafter.fits(model):
         key = decoding.drafter.target_key
         raise LanternError(f"the drafter '{decoding.drafter.name}' was loaded for '{key[0]}' ({key[1]}), but this "
                            f"sampler runs '{model.name}' ({model.dtype}): connect the same model to "
@@ -125,7 +132,7 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
     with runtime.run_scope():
         previews = runtime.previews_enabled()
         patchers = [model.gpt, model.vq] if previews else [model.gpt]
-        if speculative:
+        if speculative and not jacobi:
             patchers.insert(1, decoding.drafter.drafter)
         memory = estimate_run_bytes(model.config, 1 if speculative else condition.batch, sampling.uses_cfg,
                                     model.dtype)
@@ -140,7 +147,10 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
                                             preview_every=model.config.grid_size * max(1, model.config.grid_size // 8),
                                             tokens_per_image=n_tokens)
         generators = make_generators(seed, condition.batch, device)
-        if speculative:
+        if jacobi:
+            result = jacobi_generate(model.gpt.model, condition, sampling, decoding.spec, generators, neighbors,
+                                     on_step)
+        elif speculative:
             result = speculative_generate(model.gpt.model, decoding.drafter.drafter.model, condition, sampling,
                                           decoding.spec, generators, neighbors, on_step)
         else:

@@ -77,7 +77,7 @@ class LanternDecoding:
 
     mode: str = "ar"
     drafter: LanternDrafter | None = None
-    spec: object | None = None  # lantern_core.speculative.SpeculativeConfig
+    spec: object | None = None  # lantern_core SpeculativeConfig (drafter modes) or JacobiConfig (sjd modes)
     tree_label: str = ""  # what the UI shows, e.g. "naive_extend_57" or "eagle2 d5 k10 n58"
 
 

@@ -1,6 +1,9 @@
-"""Speculative Jacobi decoding (groundwork for issue 5): greedy SJD reproduces greedy AR token for token
-(c2i and left-padded t2i, windows 1..16, CFG interval); a seed reproduces its image; a batch equals single
-runs with seed + i; coupled drafts raise acceptance; bad windows name the parameter."""
+"""Speculative Jacobi decoding (SJD, coupled, relaxed): greedy SJD reproduces greedy AR token for token
+(c2i and left-padded t2i, windows 1..16, every initialisation, CFG interval); a seed reproduces its image
+and a batch equals single runs with seed + i; rolling the cache back equals recomputing it; zero budgets
+reproduce the exact modes draw for draw; relaxed runs stay within their budget and accept more; the
+initialisations copy what they claim; the auto window follows the cost curve; bad settings name the
+parameter. (Distribution tests: test_jacobi_exactness.py; bound properties: test_jacobi_relaxed.py.)"""
 import pytest
 import torch
 
@@ -8,8 +11,12 @@ from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
 from lantern_core.errors import ConfigError
 from lantern_core.generate import generate
-from lantern_core.jacobi import JacobiConfig, jacobi_generate
+from lantern_core.jacobi import (INITS, DraftWindow, JacobiConfig, forward_window, jacobi_generate, open_state)
+from lantern_core.jacobi_window import choose_window, curve_sizes, expected_tokens
+from lantern_core.neighbors import build_neighbors
+from lantern_core.relaxation import Grouping, Relaxation
 from lantern_core.sampling import make_generators
+from lantern_core.tree_select import CostCurve
 from tests.tiny_models import TINY_C2I, TINY_T2I, random_gpt
 
 
@@ -21,6 +28,12 @@ def conditions(kind):
     return random_gpt(TINY_T2I, seed=5), Condition(caption=torch.randn(2, 6, 24, generator=g), caption_mask=mask)
 
 
+@pytest.fixture(scope="module")
+def c2i():
+    model = random_gpt(TINY_C2I, seed=5, std=0.3)
+    return model, build_neighbors(model.tok_embeddings.weight[: TINY_C2I.vocab_size], 8)
+
+
 @pytest.mark.parametrize("kind", ["c2i", "t2i"])
 @pytest.mark.parametrize("window", [1, 3, 16])
 def test_greedy_jacobi_equals_greedy_ar(kind, window):
@@ -28,23 +41,130 @@ def test_greedy_jacobi_equals_greedy_ar(kind, window):
     sampling = SamplingConfig(cfg_scale=3.0, cfg_interval=5, temperature=0.0)
     ar = generate(model, cond, sampling)
     for coupled in (False, True):
-        out = jacobi_generate(model, cond, sampling, JacobiConfig(window, coupled))
-        assert torch.equal(out.tokens, ar.tokens)
-        assert out.stats.forward_passes <= ar.stats.forward_passes * cond.batch
+        for init in INITS:
+            out = jacobi_generate(model, cond, sampling, JacobiConfig(window, coupled, init),
+                                  make_generators(1, cond.batch))
+            assert torch.equal(out.tokens, ar.tokens), (coupled, init)
+            assert out.stats.forward_passes <= ar.stats.forward_passes * cond.batch
 
 
-def test_same_seed_same_tokens_and_batch_equals_single_runs():
-    model, cond = conditions("c2i")
+def test_same_seed_same_tokens_and_batch_equals_single_runs(c2i):
+    model, neighbors = c2i
+    cond = Condition.classes([2, 4])
     sampling = SamplingConfig(cfg_scale=2.0, temperature=1.0)
-    config = JacobiConfig(6, coupled=True)
-    a = jacobi_generate(model, cond, sampling, config, make_generators(7, 2))
-    b = jacobi_generate(model, cond, sampling, config, make_generators(7, 2))
-    assert torch.equal(a.tokens, b.tokens)
-    single = jacobi_generate(model, Condition.classes([4]), sampling, config, make_generators(8, 1))
-    assert torch.equal(single.tokens[0], a.tokens[1])
-    assert sum(a.stats.accepted_histogram) == a.stats.iterations == a.stats.forward_passes - 2
+    for config in (JacobiConfig(6, coupled=True), JacobiConfig(5, init="repeat_above"),
+                   JacobiConfig(7, coupled=True, relaxation=Relaxation(k=4, delta=0.2)),
+                   JacobiConfig(7, coupled=True, init="sample_left", grouping=Grouping(k=4, gap=0.1))):
+        a = jacobi_generate(model, cond, sampling, config, make_generators(7, 2), neighbors)
+        b = jacobi_generate(model, cond, sampling, config, make_generators(7, 2), neighbors)
+        assert torch.equal(a.tokens, b.tokens), config
+        single = jacobi_generate(model, Condition.classes([4]), sampling, config, make_generators(8, 1), neighbors)
+        assert torch.equal(single.tokens[0], a.tokens[1]), config
+        assert sum(a.stats.accepted_histogram) == a.stats.iterations == a.stats.forward_passes - 2
+        other = jacobi_generate(model, cond, sampling, config, make_generators(70, 2), neighbors)
+        assert not torch.equal(other.tokens, a.tokens)
 
 
-def test_bad_window_names_the_parameter():
-    with pytest.raises(ConfigError, match="jacobi window"):
-        JacobiConfig(window=0)
+def test_rollback_equals_recompute():
+    """Verify a window whose tail is rejected, roll back by the length alone, verify the next window:
+    its logits equal those of a cache filled from scratch with the accepted tokens only."""
+    model, _ = conditions("c2i")
+    cond = Condition.classes([3])
+    state, _ = open_state(model, cond, guided=True, spare=16)
+    first, drafts = torch.tensor([5]), torch.tensor([7, 1, 9, 2, 6])
+    forward_window(model, state, torch.cat([first, drafts]))  # writes 6 slots
+    state.length += 1 + 2  # keep the root and 2 drafts; 3 stale slots stay behind
+    nxt = torch.tensor([4, 8, 3, 0])  # the token after them plus a new window
+    rolled = forward_window(model, state, nxt)
+    fresh, _ = open_state(model, cond, guided=True, spare=16)
+    recomputed = forward_window(model, fresh, torch.cat([first, drafts[:2], nxt]))[:, 3:]
+    torch.testing.assert_close(rolled, recomputed, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state.cache.keys[:, :, :, : state.length + 4], fresh.cache.keys[:, :, :, : state.length + 4],
+                               rtol=1e-5, atol=1e-5)
+    stale, _ = open_state(model, cond, guided=True, spare=16)  # the same without the rollback differs
+    forward_window(model, stale, torch.cat([first, drafts]))
+    stale.length += 1 + 5
+    assert not torch.allclose(forward_window(model, stale, nxt), recomputed, atol=1e-3)
+
+
+@pytest.mark.parametrize("rule", [Relaxation(k=8, delta=0.0), Relaxation(k=8, lam=1.0), Grouping(k=8, gap=0.0)],
+                         ids=["delta0", "lambda1", "gap0"])
+def test_zero_budgets_reproduce_the_exact_run_draw_for_draw(c2i, rule):
+    model, neighbors = c2i
+    cond = Condition.classes([1, 3])
+    sampling = SamplingConfig(cfg_scale=2.0, temperature=1.0)
+    exact = jacobi_generate(model, cond, sampling, JacobiConfig(8, coupled=True), make_generators(3, 2))
+    kind = "relaxation" if isinstance(rule, Relaxation) else "grouping"
+    relaxed = jacobi_generate(model, cond, sampling, JacobiConfig(8, coupled=True, **{kind: rule}),
+                              make_generators(3, 2), neighbors)
+    assert torch.equal(relaxed.tokens, exact.tokens)
+    assert relaxed.stats.max_absorbed == 0.0 and relaxed.stats.relaxed_tokens == 0
+
+
+@pytest.mark.parametrize("rule", [Relaxation(k=8, delta=0.3), Relaxation(k=8, lam=8.0), Grouping(k=8, gap=0.05)],
+                         ids=["lantern", "lantern_pp", "gsd"])
+def test_relaxed_runs_spend_at_most_their_budget_and_accept_more(c2i, rule):
+    model, neighbors = c2i
+    cond = Condition.classes(list(range(4)) * 2)
+    sampling = SamplingConfig(cfg_scale=2.0, temperature=1.0)
+    exact = jacobi_generate(model, cond, sampling, JacobiConfig(8, coupled=True), make_generators(11, 8))
+    kind = "relaxation" if isinstance(rule, Relaxation) else "grouping"
+    relaxed = jacobi_generate(model, cond, sampling, JacobiConfig(8, coupled=True, **{kind: rule}),
+                              make_generators(11, 8), neighbors)
+    assert relaxed.stats.relaxed_tokens > 0
+    assert relaxed.stats.mean_accepted_length > exact.stats.mean_accepted_length
+    if isinstance(rule, Relaxation) and rule.delta is not None:
+        assert 0 < relaxed.stats.max_absorbed <= rule.delta + 1e-6
+    assert kind in ("relaxation", "grouping") and relaxed.stats.tree.startswith("coupled jacobi w8")
+
+
+def test_initialisations_copy_left_and_above():
+    model, _ = conditions("c2i")  # grid 4 x 4
+    G = model.config.grid_size
+    empty = torch.empty(0, model.config.vocab_size)
+    for init, expect in (("repeat_left", lambda canvas, n: canvas[n - 1]),
+                         ("repeat_above", lambda canvas, n: canvas[n - G] if n >= G else canvas[n - 1])):
+        window = DraftWindow(JacobiConfig(6, init=init), 6, model, False, torch.Generator().manual_seed(0), "cpu")
+        window.emit(0, torch.arange(10, 10 + 7))  # 7 emitted tokens
+        window.refill(7, empty, torch.full((model.config.vocab_size,), 1.0 / model.config.vocab_size))
+        for j in range(6):
+            assert int(window.tokens[j]) == int(expect(window.canvas, 7 + j)), (init, j)
+            assert float(window.q[j, window.tokens[j]]) == 1.0 and float(window.q[j].sum()) == 1.0
+        assert not window.proposed.any()
+
+
+def test_auto_window_follows_the_cost_curve():
+    histogram = [10, 10, 10, 10, 10, 10, 10, 10, 10, 10]  # 0..9 drafts accepted, equally often
+    assert expected_tokens(histogram, 4) == pytest.approx(1 + (0 + 1 + 2 + 3 + 4 * 6) / 10)
+    flat = CostCurve(((1, 1.0), (2, 1.0), (64, 1.0)), 0.0)  # a GPU: a wide window costs nothing
+    steep = CostCurve(((1, 1.0), (2, 2.0), (64, 64.0)), 0.0)  # every token a full step
+    assert choose_window(histogram, flat, 32).window >= 9
+    choice = choose_window(histogram, steep, 32)
+    assert choice.window == 1 and choice.tokens_per_s < choice.ar_tokens_per_s and "plain AR" in choice.note
+    assert curve_sizes(33) == (1, 2, 4, 8, 16, 32, 33) and curve_sizes(1) == (1,)
+
+
+def test_auto_window_run_reports_its_choice(c2i):
+    model, _ = c2i
+    sampling = SamplingConfig(cfg_scale=2.0, temperature=1.0)
+    config = JacobiConfig("auto", coupled=True, max_window=12)
+    a = jacobi_generate(model, Condition.classes([1]), sampling, config, make_generators(2, 1))
+    b = jacobi_generate(model, Condition.classes([1]), sampling, config, make_generators(2, 1))
+    assert torch.equal(a.tokens, b.tokens) and a.stats.tree == b.stats.tree
+    window = int(a.stats.tree.split("jacobi w")[1].split(" ")[0])
+    assert 1 <= window <= 12 and "(auto; about" in a.stats.tree
+
+
+@pytest.mark.parametrize("kwargs,name", [({"window": 0}, "jacobi window"), ({"window": "wide"}, "jacobi window"),
+                                         ({"init": "sideways"}, "jacobi init"), ({"max_window": 0}, "jacobi max_window"),
+                                         ({"relaxation": Relaxation(4, delta=0.1), "grouping": Grouping()},
+                                          "jacobi acceptance")])
+def test_bad_settings_name_the_parameter(kwargs, name):
+    with pytest.raises(ConfigError, match=name):
+        JacobiConfig(**kwargs)
+
+
+def test_relaxation_without_a_neighbour_table_is_a_clear_error(c2i):
+    model, _ = c2i
+    with pytest.raises(ConfigError, match="neighbour table"):
+        jacobi_generate(model, Condition.classes([1]), SamplingConfig(), JacobiConfig(4, relaxation=Relaxation(4, 0.1)))

@@ -1,4 +1,4 @@
-"""(Coupled) speculative Jacobi decoding is lossless: 20,000 whole images (a 2x2 token grid, so every
+"""(Coupled) speculative Jacobi decoding is lossless, with uniform, sampled and copied initial drafts: 20,000 whole images (a 2x2 token grid, so every
 token of every image counts) from a tiny 8-token model, through the real decoding loop, match the
 model's autoregressive joint law by chi-square; the same test rejects a deliberately wrong residual."""
 import pytest
@@ -36,12 +36,12 @@ def ar_joint(model) -> torch.Tensor:
         * probs[2][torch.arange(seqs.shape[0]), seqs[:, 2]]
 
 
-def pvalue(model, config: JacobiConfig, seed: int) -> tuple[float, float]:
+def pvalue(model, config: JacobiConfig, seed: int, samples: int = SAMPLES) -> tuple[float, float]:
     V = SMALL.vocab_size
     with torch.no_grad():
-        out = jacobi_generate(model, Condition.classes([LABEL] * SAMPLES), SAMPLING, config,
+        out = jacobi_generate(model, Condition.classes([LABEL] * samples), SAMPLING, config,
                               torch.Generator().manual_seed(seed))
-        expected = ar_joint(model).double() * SAMPLES
+        expected = ar_joint(model).double() * samples
     x = out.tokens
     counts = torch.bincount((x[:, 0] * V + x[:, 1]) * V + x[:, 2], minlength=V ** 3).double()
     assert (counts[expected == 0] == 0).all(), "a sequence the model cannot produce was emitted"
@@ -57,15 +57,20 @@ def pvalue(model, config: JacobiConfig, seed: int) -> tuple[float, float]:
     return float(chi2.sf(stat, cells - 1)), multi
 
 
-@pytest.mark.parametrize("coupled", [False, True], ids=["sjd", "coupled"])
-def test_jacobi_samples_the_autoregressive_law(model, coupled):
-    p, accepted_per_step = pvalue(model, JacobiConfig(window=3, coupled=coupled), seed=5)
+LOSSLESS = {"sjd": JacobiConfig(window=3), "coupled": JacobiConfig(window=3, coupled=True),
+            "sjd repeat_above": JacobiConfig(window=3, init="repeat_above"),
+            "coupled sample_left": JacobiConfig(window=3, coupled=True, init="sample_left")}
+
+
+@pytest.mark.parametrize("name", list(LOSSLESS))
+def test_jacobi_samples_the_autoregressive_law(model, name):
+    p, accepted_per_step = pvalue(model, LOSSLESS[name], seed=5)
     assert accepted_per_step > 0.3, "drafts are rarely accepted: the test would not exercise acceptance"
     assert p > 1e-3, p
 
 
-@pytest.mark.parametrize("coupled", [False, True], ids=["sjd", "coupled"])
-def test_the_same_test_rejects_a_residual_that_ignores_the_draft(model, coupled, monkeypatch):
+@pytest.mark.parametrize("name", ["sjd", "coupled", "sjd repeat_above"])
+def test_the_same_test_rejects_a_residual_that_ignores_the_draft(model, name, monkeypatch):
     monkeypatch.setattr(jacobi, "residual_distribution", lambda p, q: p)  # resample from p: biased
-    p, _ = pvalue(model, JacobiConfig(window=3, coupled=coupled), seed=5)
+    p, _ = pvalue(model, LOSSLESS[name], seed=5, samples=5_000)  # a quarter of the samples already suffices
     assert p < 1e-6, p

@@ -55,7 +55,8 @@ def test_nodes_extension_and_templates_are_registered(server, object_info):
         ours["LanternModelLoader"]["input"]["required"]["checkpoint"][0][0].endswith("(embedded)")
     assert "/extensions/lantern/js/lantern_stats.js" in server.get("/extensions")
     templates = server.get("/workflow_templates")
-    assert {"lantern_embedded_model", "lantern_pp_embedded_model"} <= set(templates.get("lantern", []))
+    assert {"lantern_embedded_model", "lantern_pp_embedded_model", "lantern_sjd_embedded_model"} \
+        <= set(templates.get("lantern", []))
 
 
 def test_example_workflow_runs_with_progress_previews_and_stats(server, prompt):
@@ -93,18 +94,26 @@ def test_every_example_workflow_matches_the_node_schemas(object_info, path):
                 assert value in options, (path.name, node["type"], name, value)
 
 
-def test_lantern_pp_example_runs_on_a_fresh_install(server, object_info):
-    """The shipped LANTERN++ workflow (embedded model + embedded drafter, auto tree) end to end over HTTP."""
-    workflow = json.loads((REPO / "example_workflows" / "lantern_pp_embedded_model.json").read_text())
+@pytest.mark.parametrize("name,mode", [("lantern_pp_embedded_model", "lantern_pp"),
+                                       ("lantern_sjd_embedded_model", "sjd_coupled")])
+def test_speculative_examples_run_on_a_fresh_install(server, object_info, name, mode):
+    """The shipped LANTERN++ workflow (embedded model + embedded drafter, auto tree) and the training-free
+    coupled-SJD workflow (no drafter, auto window), end to end over HTTP."""
+    workflow = json.loads((REPO / "example_workflows" / f"{name}.json").read_text())
     pp = ui_to_api(workflow, object_info)
     result = run_prompt(server.url, pp)
     assert result.status == "success", result.messages[-3:]
     assert saved_image(server, result).size == (128, 128)
     sampler_id = next(k for k, v in pp.items() if v["class_type"] == "LanternSampler")
     stats = next(d for d in result.of_type("executed") if d["node"] == sampler_id)["output"]["lantern_stats"][0]
-    assert stats["mode"] == "lantern_pp" and stats["speculative"]
+    assert stats["mode"] == mode and stats["speculative"]
     assert stats["forward_passes"] < 256 and stats["mean_accepted_length"] > 1.2
-    assert stats["tree"].startswith("auto_") and max(max(row) for row in stats["heatmap"]) > 1
+    assert max(max(row) for row in stats["heatmap"]) > 1
+    if mode == "lantern_pp":
+        assert stats["tree"].startswith("auto_")
+    else:
+        assert stats["tree"].startswith("coupled jacobi w") and "(auto;" in stats["tree"]
+        assert stats["drafter"] == "none (training-free)"
     progress = [d for d in result.of_type("progress") if d.get("node") == sampler_id]
     assert progress and progress[-1]["value"] == progress[-1]["max"] == 256
 

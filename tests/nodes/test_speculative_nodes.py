@@ -1,6 +1,7 @@
 """The speculative modes through the nodes, in process with ComfyUI's real model management: the drafter
 loader (embedded first, fit checks, shared loads), decoding-config validation that names the parameter,
-and sampler runs in every mode on the embedded model with stats and the heat map."""
+and sampler runs in every mode on the embedded model with stats and the heat map, including the
+training-free Jacobi modes (sjd, sjd_coupled, sjd_relaxed) that need no drafter."""
 from __future__ import annotations
 
 
@@ -51,6 +52,9 @@ def test_a_drafter_for_another_model_is_refused(pack, node, model, drafter):
     (dict(mode="lantern_pp", tree="custom", custom_tree="[[0], [0, 0"), "custom_tree"),
     (dict(mode="lantern_pp", tree="custom", custom_tree="[[0, 0]]"), "parent"),
     (dict(mode="lantern", lantern_k=5000), "lantern_k"),
+    (dict(mode="sjd", jacobi_init="sideways"), "jacobi_init"),
+    (dict(mode="sjd_relaxed", sjd_relaxation="loose"), "sjd_relaxation"),
+    (dict(mode="sjd_relaxed", sjd_relaxation="gsd", gsd_gap=2.0), "group gap"),
 ])
 def test_decoding_config_errors_name_the_parameter(node, drafter, overrides, fragment):
     from lantern_pack.lantern_core.errors import LanternError
@@ -62,10 +66,11 @@ def test_decoding_config_errors_name_the_parameter(node, drafter, overrides, fra
 
 def test_exact_greedy_modes_reproduce_greedy_ar_through_the_nodes(node, model, drafter):
     ar = run(node, model, decoding(node, drafter, "ar"), temperature=0.0).args[0].tokens
-    for mode in ("static_tree", "eagle2"):
-        out = run(node, model, decoding(node, drafter, mode), temperature=0.0)
+    for mode in ("static_tree", "eagle2", "sjd", "sjd_coupled"):
+        out = run(node, model, decoding(node, drafter if not mode.startswith("sjd") else None, mode,
+                                        jacobi_window=8), temperature=0.0)
         assert torch.equal(out.args[0].tokens, ar), mode
-        assert out.ui["lantern_stats"][0]["forward_passes"] < 256  # the drafter earned its keep
+        assert out.ui["lantern_stats"][0]["forward_passes"] < 256  # drafting earned its keep
 
 
 @pytest.mark.parametrize("mode", ["eagle2", "static_tree", "lantern", "lantern_pp"])
@@ -93,3 +98,41 @@ def test_auto_tree_is_chosen_once_and_keeps_seeds_reproducible(node, model, draf
     assert torch.equal(first.args[0].tokens, second.args[0].tokens)
     tree = second.ui["lantern_stats"][0]["tree"]
     assert tree.startswith("auto_") and "calibrated" not in tree
+
+
+@pytest.mark.parametrize("mode,relaxation", [("sjd", "lantern_pp"), ("sjd_coupled", "lantern_pp"),
+                                             ("sjd_relaxed", "lantern"), ("sjd_relaxed", "lantern_pp"),
+                                             ("sjd_relaxed", "gsd")])
+def test_jacobi_modes_need_no_drafter_and_report_their_window(node, model, mode, relaxation):
+    dec = decoding(node, None, mode, jacobi_window=10, jacobi_init="random", sjd_relaxation=relaxation,
+                   lantern_k=16, delta=0.2)
+    out = run(node, model, dec, batch_size=2)
+    tokens, text = out.args
+    payload = out.ui["lantern_stats"][0]
+    assert tokens.tokens.shape == (2, 256) and payload["mode"] == mode and payload["speculative"]
+    assert payload["drafter"] == "none (training-free)" and "jacobi w10 (random init)" in payload["tree"]
+    assert payload["forward_passes"] < 2 * 256 and payload["mean_accepted_length"] > 1.2
+    heat = torch.tensor(payload["heatmap"])
+    assert heat.shape == (16, 16) and int(heat.max()) > 1 and int(heat.min()) >= 1
+    assert payload["tree"] in text and all(0 <= a <= 1 for a in payload["acceptance_by_depth"])
+    if mode == "sjd_relaxed" and relaxation == "lantern":
+        assert 0 < payload["max_tvd_spent"] <= 0.2 + 1e-6 and payload["relaxed_tokens"] > 0
+    if mode != "sjd_relaxed":
+        assert payload["relaxed_tokens"] == 0 and ("coupled" in payload["tree"]) == (mode == "sjd_coupled")
+
+
+def test_jacobi_auto_window_is_measured_once_and_keeps_seeds_reproducible(node, model):
+    dec = decoding(node, None, "sjd_coupled", jacobi_window=0)
+    first = run(node, model, dec, seed=45)
+    second = run(node, model, dec, seed=45)
+    assert torch.equal(first.args[0].tokens, second.args[0].tokens)
+    window = second.ui["lantern_stats"][0]["tree"]
+    assert "(auto; about" in window and "tok/s for plain AR" in window
+
+
+def test_jacobi_neighbour_count_beyond_the_codebook_names_lantern_k(node, model):
+    from lantern_pack.lantern_core.errors import LanternError
+
+    dec = decoding(node, None, "sjd_relaxed", jacobi_window=4, lantern_k=5000)
+    with pytest.raises(LanternError, match="lantern_k"):
+        run(node, model, dec)

@@ -91,3 +91,14 @@ def test_lantern_pp_workflow_shows_tree_depth_acceptance_and_a_lit_heat_map(serv
     assert "acceptance by depth:" in info["text"] and "drafter: lantern-tiny-photos (embedded)" in info["text"]
     assert "(plain AR: one token per forward)" not in info["text"] and not info["html"]
     assert not info["errors"], info["errors"]
+
+
+def test_sjd_workflow_shows_its_window_and_position_acceptance_without_a_drafter(server):
+    workflow = with_seed(json.loads((REPO / "example_workflows" / "lantern_sjd_embedded_model.json").read_text()),
+                         301, "cat")
+    info = run_in_browser(server, workflow, False, "ui_sjd_stats.png")
+    assert info["cells"] == 256 and info["colours"] > 1  # Jacobi passes accept different counts
+    assert "mode: sjd_coupled" in info["text"] and "window: coupled jacobi w" in info["text"]
+    assert "acceptance by window position:" in info["text"] and "drafter: none (training-free)" in info["text"]
+    assert "tree:" not in info["text"] and not info["html"]
+    assert not info["errors"], info["errors"]

@@ -28,10 +28,11 @@ export function renderStats(root, stats) {
   root.append(line(`mean accepted length ${fmt(stats.mean_accepted_length, 2)}` +
                    (stats.speculative ? "" : " (plain AR: one token per forward)"), "lantern-stats-accept"));
   if (stats.speculative) {
-    root.append(line(`tree: ${stats.tree} · drafter: ${stats.drafter}`, "lantern-stats-tree"));
+    const jacobi = String(stats.mode).startsWith("sjd");  // training-free: a draft window, no drafter
+    root.append(line(`${jacobi ? "window" : "tree"}: ${stats.tree} · drafter: ${stats.drafter}`, "lantern-stats-tree"));
     const depths = Array.isArray(stats.acceptance_by_depth) ? stats.acceptance_by_depth : [];
-    root.append(line(`acceptance by depth: ${depths.map((a) => fmt(Number(a), 2)).join(" ") || "-"}`,
-                     "lantern-stats-depth"));
+    root.append(line(`acceptance by ${jacobi ? "window position" : "depth"}: ` +
+                     `${depths.map((a) => fmt(Number(a), 2)).join(" ") || "-"}`, "lantern-stats-depth"));
     if (Number(stats.relaxed_tokens) > 0) {
       root.append(line(`relaxed: ${stats.relaxed_tokens} tokens · TVD spent mean ${fmt(stats.mean_tvd_spent, 3)}` +
                        ` max ${fmt(stats.max_tvd_spent, 3)}`, "lantern-stats-relaxed"));
