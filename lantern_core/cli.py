@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     g.add_argument("--out", type=Path, default=Path("outputs"), help="folder for the PNGs")
     g.add_argument("--json", action="store_true", help="print stats as JSON")
+    g.add_argument("--decoding", default="ar", choices=["ar", "sjd", "sjd_coupled"],
+                   help="ar, or training-free speculative Jacobi decoding (exact: same distribution as ar)")
+    g.add_argument("--window", default="auto", help="sjd: drafted tokens per forward, or auto (this machine's best)")
     return parser
 
 
@@ -79,7 +82,15 @@ def run_generate(args: argparse.Namespace) -> dict:
         labels_text = [names[i] if i < len(names) else str(i) for i in labels]
     sampling = SamplingConfig(cfg_scale=args.cfg, cfg_interval=args.cfg_interval, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p)
-    result = generate(gpt.model, condition, sampling, make_generators(args.seed, condition.batch, device))
+    generators = make_generators(args.seed, condition.batch, device)
+    if args.decoding == "ar":
+        result = generate(gpt.model, condition, sampling, generators)
+    else:
+        from .jacobi import JacobiConfig, jacobi_generate
+
+        window = int(args.window) if args.window.isdigit() else args.window  # a bad value is a ConfigError
+        config = JacobiConfig(window, coupled=args.decoding == "sjd_coupled", init="sample_left")
+        result = jacobi_generate(gpt.model, condition, sampling, config, generators)
     with torch.no_grad():
         images = to_unit_range(pipe.vq.model.decode(result.tokens))
     paths = [args.out / f"lantern_{args.seed + i:05d}.png" for i in range(condition.batch)]

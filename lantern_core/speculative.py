@@ -92,7 +92,7 @@ class SpeculativeStats(GenerationStats):
 
     def summary(self) -> str:
         depth = " ".join(f"{a:.2f}" for a in self.acceptance_by_depth)
-        return (super().summary() + f"; {self.iterations} verifications, acceptance by depth [{depth}], "
+        return (super().summary() + f"; {self.tree}; {self.iterations} verifications, acceptance by depth [{depth}], "
                 f"TVD spent mean {self.mean_absorbed:.3f} max {self.max_absorbed:.3f}")
 
 

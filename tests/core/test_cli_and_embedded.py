@@ -89,6 +89,21 @@ def test_cli_generates_pngs_and_prints_stats(tmp_path):
     assert np.abs(alone - in_batch).max() <= 1
 
 
+def test_cli_sjd_is_training_free_and_greedy_matches_ar(tmp_path):
+    def cli(*extra, out):
+        return subprocess.run([sys.executable, "-m", "lantern_core", "generate", "--cls", "cat", "--seed", "5",
+                               "--temperature", "0", "--out", str(tmp_path / out), "--json", *extra], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+
+    ar, sjd = cli(out="ar"), cli("--decoding", "sjd_coupled", "--window", "8", out="sjd")
+    assert ar.returncode == 0 and sjd.returncode == 0, sjd.stderr
+    stats = json.loads(sjd.stdout)["stats"]
+    assert stats["forward_passes"] < 256 and "coupled jacobi w8" in json.loads(sjd.stdout)["summary"]
+    assert (tmp_path / "sjd" / "lantern_00005.png").read_bytes() == (tmp_path / "ar" / "lantern_00005.png").read_bytes()
+    bad = cli("--decoding", "sjd", "--window", "wide", out="bad")
+    assert bad.returncode == 2 and "jacobi window" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_cli_reports_bad_input_without_a_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lantern_core", "generate", "--gpt", str(tmp_path / "missing.pt"),
                            "--vq", str(tmp_path / "vq.pt")], cwd=ROOT, capture_output=True, text=True, timeout=300)
