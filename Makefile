@@ -45,7 +45,7 @@ serve: $(HOST_STAMP)
 
 ## Benchmarks on this CPU -> bench/results/{ar,speculative}_cpu_float32.{json,md}
 ## (AR overhead and cost curve; then AR vs EAGLE-2 / static tree / LANTERN / LANTERN++ / SJD / coupled and relaxed
-## Jacobi, 200 images per row, interleaved).
+## Jacobi, 128 images per row, interleaved).
 bench: $(STAMP)
 	$(PY) -m lantern_core.bench --out bench/results
 	$(PY) -m lantern_core.bench_speculative --out bench/results

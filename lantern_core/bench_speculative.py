@@ -9,7 +9,7 @@ Methods run side by side: images are processed in rounds, every method decodes t
 images (same seeds) before the next round starts, so machine noise spreads over all rows alike.
 Batch 1 per image (latency, as in the papers). Timings are never asserted anywhere.
 
-    python -m lantern_core.bench_speculative --out bench/results            # 200 images per row
+    python -m lantern_core.bench_speculative --out bench/results            # 128 images per row
     python -m lantern_core.bench_speculative --images 16 --out /tmp/b       # quick look
 """
 from __future__ import annotations
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--images", type=int, default=200)
+    parser.add_argument("--images", type=int, default=128)
     parser.add_argument("--round", type=int, default=8, help="images per interleaving round")
     parser.add_argument("--cfg", type=float, default=3.0)
     parser.add_argument("--temperature", type=float, default=1.0)

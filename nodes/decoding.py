@@ -143,8 +143,9 @@ class LanternDecodingConfig(io.ComfyNode):
                                 tooltip="tree = custom: JSON list of nodes as child ranks from the root (EAGLE's "
                                         "choices format); every prefix must be listed, ranks without gaps."),
                 io.Int.Input("lantern_k", default=1000, min=1, max=65535,
-                             tooltip="lantern / lantern_pp: latent neighbours per token that may absorb mass "
-                                     "(LANTERN: 1000; LANTERN++: 5-10)."),
+                             tooltip="lantern / lantern_pp / sjd_relaxed: latent neighbours per token that may "
+                                     "absorb mass (LANTERN: 1000 of LlamaGen's 16384 codes; LANTERN++: 5-10; "
+                                     "sjd_relaxed: about 10, the benchmarked setting)."),
                 io.Float.Input("delta", default=0.1, min=0.0, max=1.0, step=0.01, round=0.001,
                                tooltip="lantern: total-variation budget per token (0 = exact; the paper used "
                                        "0.05-0.4: larger is faster, with more quality loss)."),
