@@ -17,7 +17,7 @@ import torch
 from .conditioning import Condition, build_prefix
 from .config import SamplingConfig
 from .models.gpt import ForwardStep, LlamaGenGPT
-from .models.kv_cache import attention_mask
+from .models.kv_cache import KVCache, attention_mask
 from .sampling import Generators, combine_cfg, pick_tokens
 
 # (tokens done per sample, total per sample, the (B, N) token buffer filled up to `done`)
@@ -93,6 +93,38 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+@dataclass
+class DecodeState:
+    """A static KV cache with one image's condition prefilled, for the speculative decoders: `length` slots
+    are committed; a decoder writes drafts after them and rolls a rejected tail back by the length alone
+    (stale slots are overwritten)."""
+
+    cache: KVCache
+    key_valid: torch.Tensor  # (rows, max_len), False for padded prefix slots
+    length: int
+
+    def release(self) -> int:
+        """Free the cache; returns the bytes it held."""
+        nbytes = self.cache.nbytes
+        self.cache.release()
+        return nbytes
+
+
+def prefill_state(model: LlamaGenGPT, condition: Condition, guided: bool, spare: int) -> tuple[DecodeState, torch.Tensor]:
+    """Prefill the condition (rows = [cond; uncond] when guided) into a cache with room for the image plus
+    `spare` slots. Returns the state and the prefix's hidden states (rows, T, dim)."""
+    prefix = build_prefix(model, condition, guided)
+    rows, T = prefix.key_valid.shape
+    device = prefix.embeddings.device
+    max_len = T + model.config.num_image_tokens + spare
+    cache = model.allocate_cache(rows, max_len)
+    key_valid = torch.ones(rows, max_len, dtype=torch.bool, device=device)
+    key_valid[:, :T] = prefix.key_valid
+    pos = torch.arange(T, device=device)
+    hidden = model(prefix.embeddings, ForwardStep(pos, cache, kv_len=T, mask=attention_mask(key_valid, pos, T)))
+    return DecodeState(cache, key_valid, T), hidden
 
 
 @torch.no_grad()

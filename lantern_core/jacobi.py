@@ -33,15 +33,15 @@ from dataclasses import dataclass, replace
 import torch
 
 from .acceptance import absorbed_set
-from .conditioning import Condition, build_prefix
+from .conditioning import Condition
 from .config import SamplingConfig
 from .errors import ConfigError
-from .generate import GenerationResult, StepCallback, synchronize
+from .generate import DecodeState, GenerationResult, StepCallback, prefill_state, synchronize
 from .jacobi_window import WindowChoice, choose_window, target_costs
 from .models.gpt import ForwardStep, LlamaGenGPT
-from .models.kv_cache import KVCache, attention_mask
+from .models.kv_cache import attention_mask
 from .relaxation import Grouping, Relaxation, group_mass, relax
-from .sampling import Generators, generator_for, pick_tokens, sample_from_probs
+from .sampling import Generators, generator_for, sample_from_probs
 from .speculative import NodeDistributions, RunTally, check_neighbors
 
 INITS = ("random", "sample_left", "repeat_left", "repeat_above")
@@ -73,10 +73,6 @@ class JacobiConfig:
                               {"relaxation": self.relaxation, "grouping": self.grouping})
 
     @property
-    def lossless(self) -> bool:
-        return self.relaxation is None and self.grouping is None
-
-    @property
     def neighbor_k(self) -> int:
         """Latent neighbours per token the acceptance rule reads (0: no table needed)."""
         rule = self.relaxation or self.grouping
@@ -103,37 +99,7 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------- cache
 
 
-@dataclass
-class JacobiState:
-    """The target's KV cache for one image; `length` slots are committed (prefix + emitted tokens but the
-    last). Rolling back a rejected tail is `length += accepted + 1`: later slots are overwritten."""
-
-    cache: KVCache
-    key_valid: torch.Tensor  # (rows, max_len)
-    length: int
-
-    def release(self) -> int:
-        nbytes = self.cache.nbytes
-        self.cache.release()
-        return nbytes
-
-
-def open_state(model: LlamaGenGPT, condition: Condition, guided: bool, spare: int) -> tuple[JacobiState, torch.Tensor]:
-    """Prefill the condition (one image; [cond; uncond] rows when guided) into a cache with room for the
-    image plus `spare` slots. Returns the state and the prefix's last logits (rows, 1, V)."""
-    prefix = build_prefix(model, condition, guided)
-    rows, T = prefix.key_valid.shape
-    device = prefix.embeddings.device
-    max_len = T + model.config.num_image_tokens + spare
-    cache = model.allocate_cache(rows, max_len)
-    key_valid = torch.ones(rows, max_len, dtype=torch.bool, device=device)
-    key_valid[:, :T] = prefix.key_valid
-    pos = torch.arange(T, device=device)
-    hidden = model(prefix.embeddings, ForwardStep(pos, cache, kv_len=T, mask=attention_mask(key_valid, pos, T)))
-    return JacobiState(cache, key_valid, T), model.logits(hidden[:, -1:])
-
-
-def forward_window(model: LlamaGenGPT, state: JacobiState, feed: torch.Tensor) -> torch.Tensor:
+def forward_window(model: LlamaGenGPT, state: DecodeState, feed: torch.Tensor) -> torch.Tensor:
     """Feed tokens (n,) at the committed length (written, not committed) -> logits (rows, n, V)."""
     rows = state.key_valid.shape[0]
     n = feed.numel()
@@ -305,25 +271,29 @@ def _decode_one(model: LlamaGenGPT, condition: Condition, sampling: SamplingConf
     t0 = time.perf_counter()
     N, W = model.config.num_image_tokens, config.window
     dist = NodeDistributions(sampling, sampling.uses_cfg)
-    state, first_logits = open_state(model, condition, sampling.uses_cfg, spare=W + 1)
-    device = first_logits.device
+    state, hidden = prefill_state(model, condition, sampling.uses_cfg, spare=W + 1)
+    device = hidden.device
+
+    def target(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """(rows, n, V) logits -> (n, V) what the sampler samples from (softmax of the CFG mix when greedy)."""
+        return (dist.combine(logits, index).softmax(-1) if sampling.greedy else dist(logits, index))[0]
+
     try:
-        first = pick_tokens(dist.combine(first_logits, torch.zeros(1, dtype=torch.long, device=device))[:, 0],
-                            sampling, generator)[:1]
+        first_p = target(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long, device=device))  # (1, V)
+        first = first_p.argmax(-1) if sampling.greedy else \
+            sample_from_probs(first_p, torch.rand(1, generator=generator, device=device))
         out[0] = first[0]
         drafts = DraftWindow(config, W, model, sampling.greedy, generator, device)
         drafts.emit(0, first)
         tally.prefill_s += time.perf_counter() - t0
         report(1)
         done = 1
-        first_p = dist.combine(first_logits, torch.zeros(1, dtype=torch.long, device=device)).softmax(-1) \
-            if sampling.greedy else dist(first_logits, torch.zeros(1, dtype=torch.long, device=device))
-        drafts.refill(done, torch.empty(0, model.config.vocab_size, device=device), first_p[0, 0])
+        drafts.refill(done, first_p[:0], first_p[0])
         while done < N:
             w = min(W, N - done)  # never draft past the last image token
             logits = forward_window(model, state, torch.cat([out[done - 1:done], drafts.tokens[:w]]))  # (rows, w+1, V)
             index = done + torch.arange(w + 1, device=device)  # image position each row predicts
-            p = (dist.combine(logits, index).softmax(-1) if sampling.greedy else dist(logits, index))[0]  # (w+1, V)
+            p = target(logits, index)  # (w+1, V)
             uniforms = None if sampling.greedy else torch.rand(w + 1, generator=generator, device=device)
             verdict = judge_window(p, drafts.q[:w], drafts.tokens[:w], uniforms, config, neighbors,
                                    drafts.proposed[:w], sampling.greedy)

@@ -48,10 +48,7 @@ def target_costs(model: LlamaGenGPT, rows: int, max_tokens: int, reps: int = 3) 
     key = (rows, max_tokens, str(weight.device), str(weight.dtype))
     per_model = _COSTS.setdefault(model, {})
     if key not in per_model:
-        times = verify_times(model, rows, curve_sizes(max_tokens), reps)
-        if len(times) == 1:  # a one-point curve: extend it flat so it can be interpolated
-            times.append((2, times[0][1]))
-        per_model[key] = CostCurve(tuple(times), 0.0)
+        per_model[key] = CostCurve(tuple(verify_times(model, rows, curve_sizes(max(max_tokens, 2)), reps)), 0.0)
     return per_model[key]
 
 

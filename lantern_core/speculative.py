@@ -19,15 +19,14 @@ from typing import Literal
 
 import torch
 
-from .conditioning import Condition, build_prefix
+from .conditioning import Condition
 from .config import SamplingConfig
 from .drafting import (DraftTree, DrafterSession, DynamicShape, draft_dynamic, draft_static, per_row,
                        plan_static_tree)
 from .errors import ConfigError
-from .generate import GenerationResult, GenerationStats, StepCallback, generate, synchronize
+from .generate import GenerationResult, GenerationStats, StepCallback, generate, prefill_state, synchronize
 from .models.drafter import EagleDrafter
-from .models.gpt import ForwardStep, LlamaGenGPT
-from .models.kv_cache import attention_mask
+from .models.gpt import LlamaGenGPT
 from .relaxation import Relaxation
 from .sampling import Generators, filter_logits, generator_for, pick_tokens
 from .tree import NAIVE_EXTEND_57, TreeSpec
@@ -279,19 +278,14 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
     guided = sampling.uses_cfg
     dist = NodeDistributions(sampling, guided)
     t0 = time.perf_counter()
-    prefix = build_prefix(model, condition, guided)
-    rows, T = prefix.key_valid.shape
-    device = prefix.embeddings.device
-    max_len = T + N + spec.max_nodes + 2
-    cache = model.allocate_cache(rows, max_len)
-    key_valid = torch.ones(rows, max_len, dtype=torch.bool, device=device)
-    key_valid[:, :T] = prefix.key_valid
+    state, hidden = prefill_state(model, condition, guided, spare=spec.max_nodes + 2)
+    cache, key_valid, T = state.cache, state.key_valid, state.length
+    rows, max_len = key_valid.shape
+    device = hidden.device
     session = None
     try:
-        positions = torch.arange(T, device=device)
-        hidden = model(prefix.embeddings, ForwardStep(positions, cache, kv_len=T,
-                                                      mask=attention_mask(key_valid, positions, T)))
-        first = pick_tokens(dist.combine(model.logits(hidden[:, -1:]), positions.new_zeros(1))[:, 0], sampling, generator)
+        first = pick_tokens(dist.combine(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long, device=device))[:, 0],
+                            sampling, generator)
         out[0] = first[0]
         session = DrafterSession(drafter, rows, max_len, key_valid)
         fed = torch.zeros(rows, T, dtype=torch.long, device=device)

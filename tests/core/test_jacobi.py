@@ -11,7 +11,8 @@ from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
 from lantern_core.errors import ConfigError
 from lantern_core.generate import generate
-from lantern_core.jacobi import (INITS, DraftWindow, JacobiConfig, forward_window, jacobi_generate, open_state)
+from lantern_core.generate import prefill_state
+from lantern_core.jacobi import INITS, DraftWindow, JacobiConfig, forward_window, jacobi_generate
 from lantern_core.jacobi_window import choose_window, curve_sizes, expected_tokens
 from lantern_core.neighbors import build_neighbors
 from lantern_core.relaxation import Grouping, Relaxation
@@ -70,18 +71,18 @@ def test_rollback_equals_recompute():
     its logits equal those of a cache filled from scratch with the accepted tokens only."""
     model, _ = conditions("c2i")
     cond = Condition.classes([3])
-    state, _ = open_state(model, cond, guided=True, spare=16)
+    state, _ = prefill_state(model, cond, guided=True, spare=16)
     first, drafts = torch.tensor([5]), torch.tensor([7, 1, 9, 2, 6])
     forward_window(model, state, torch.cat([first, drafts]))  # writes 6 slots
     state.length += 1 + 2  # keep the root and 2 drafts; 3 stale slots stay behind
     nxt = torch.tensor([4, 8, 3, 0])  # the token after them plus a new window
     rolled = forward_window(model, state, nxt)
-    fresh, _ = open_state(model, cond, guided=True, spare=16)
+    fresh, _ = prefill_state(model, cond, guided=True, spare=16)
     recomputed = forward_window(model, fresh, torch.cat([first, drafts[:2], nxt]))[:, 3:]
     torch.testing.assert_close(rolled, recomputed, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state.cache.keys[:, :, :, : state.length + 4], fresh.cache.keys[:, :, :, : state.length + 4],
                                rtol=1e-5, atol=1e-5)
-    stale, _ = open_state(model, cond, guided=True, spare=16)  # the same without the rollback differs
+    stale, _ = prefill_state(model, cond, guided=True, spare=16)  # the same without the rollback differs
     forward_window(model, stale, torch.cat([first, drafts]))
     stale.length += 1 + 5
     assert not torch.allclose(forward_window(model, stale, nxt), recomputed, atol=1e-3)

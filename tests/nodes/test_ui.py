@@ -82,23 +82,20 @@ def test_stats_panel_and_heat_map_render_after_run(server, vue_nodes):
     assert not info["errors"], info["errors"]
 
 
-def test_lantern_pp_workflow_shows_tree_depth_acceptance_and_a_lit_heat_map(server):
-    workflow = with_seed(json.loads((REPO / "example_workflows" / "lantern_pp_embedded_model.json").read_text()),
-                         300, "rocket")
-    info = run_in_browser(server, workflow, False, "ui_lantern_pp_stats.png")
+@pytest.mark.parametrize("name,seed,label,expected,absent", [
+    ("lantern_pp_embedded_model", 300, "rocket",
+     ["mode: lantern_pp", "tree: auto_", "acceptance by depth:", "drafter: lantern-tiny-photos (embedded)"],
+     "(plain AR: one token per forward)"),
+    ("lantern_sjd_embedded_model", 301, "cat",
+     ["mode: sjd_coupled", "window: coupled jacobi w", "acceptance by window position:",
+      "drafter: none (training-free)"], "tree:"),
+], ids=["lantern_pp", "sjd_coupled"])
+def test_speculative_workflows_show_their_tree_or_window_and_a_lit_heat_map(server, name, seed, label, expected,
+                                                                             absent):
+    workflow = with_seed(json.loads((REPO / "example_workflows" / f"{name}.json").read_text()), seed, label)
+    info = run_in_browser(server, workflow, False, f"ui_{name}_stats.png")
     assert info["cells"] == 256 and info["colours"] > 1  # speculative steps accept different counts
-    assert "mode: lantern_pp" in info["text"] and "tree: auto_" in info["text"]
-    assert "acceptance by depth:" in info["text"] and "drafter: lantern-tiny-photos (embedded)" in info["text"]
-    assert "(plain AR: one token per forward)" not in info["text"] and not info["html"]
-    assert not info["errors"], info["errors"]
-
-
-def test_sjd_workflow_shows_its_window_and_position_acceptance_without_a_drafter(server):
-    workflow = with_seed(json.loads((REPO / "example_workflows" / "lantern_sjd_embedded_model.json").read_text()),
-                         301, "cat")
-    info = run_in_browser(server, workflow, False, "ui_sjd_stats.png")
-    assert info["cells"] == 256 and info["colours"] > 1  # Jacobi passes accept different counts
-    assert "mode: sjd_coupled" in info["text"] and "window: coupled jacobi w" in info["text"]
-    assert "acceptance by window position:" in info["text"] and "drafter: none (training-free)" in info["text"]
-    assert "tree:" not in info["text"] and not info["html"]
+    for text in expected:
+        assert text in info["text"], (text, info["text"])
+    assert absent not in info["text"] and not info["html"]
     assert not info["errors"], info["errors"]
