@@ -135,10 +135,19 @@ def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(config_path, "a readable JSON config", f"an unreadable file ({exc})",
                               "re-download config.json for this model") from exc
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    index = next((folder / n for n in ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+                  if (folder / n).is_file()), None)
+    if index is not None:
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, json.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise CheckpointError(index, "a shard index with a weight_map", f"an unreadable file ({exc})",
+                                  "re-download the index file") from exc
         files = [folder / s for s in shards]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise CheckpointError(folder, f"every shard named in {index.name}", f"{len(absent)} missing "
+                                  f"(e.g. {absent[:3]})", "download the missing shards into this folder")
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
     elif (folder / "pytorch_model.bin").is_file():
@@ -283,7 +292,9 @@ def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.devic
 
 # ------------------------------------------------------------------------------------- VQ inference
 
-def infer_vq_config(path: Path, sd: dict[str, torch.Tensor], raw_meta: dict) -> VQConfig:
+def infer_vq_config(path: Path, sd: dict[str, torch.Tensor], raw_meta: dict, l2_norm: bool = True) -> VQConfig:
+    """A VQ config from our key names; `l2_norm` is not visible in weights (LlamaGen / Janus: True,
+    Chameleon's VQGAN: False); level attention is read from the keys."""
     if "config" in raw_meta:
         return VQConfig(**raw_meta["config"])
     size, embed_dim = sd["quantize.embedding.weight"].shape
@@ -293,10 +304,11 @@ def infer_vq_config(path: Path, sd: dict[str, torch.Tensor], raw_meta: dict) -> 
     dec_mult = tuple(sd[f"decoder.conv_blocks.{levels - 1 - i}.res.0.conv2.weight"].shape[0] // ch
                      for i in range(levels))
     n_res = len({int(m.group(1)) for k in sd if (m := re.match(r"encoder\.conv_blocks\.0\.res\.(\d+)\.", k))})
-    return VQConfig(codebook_size=size, codebook_embed_dim=embed_dim, codebook_l2_norm=True,
+    level_attention = any(re.match(r"encoder\.conv_blocks\.\d+\.attn\.", k) for k in sd)
+    return VQConfig(codebook_size=size, codebook_embed_dim=embed_dim, codebook_l2_norm=l2_norm,
                     codebook_show_usage="quantize.codebook_used" in sd, ch=ch, encoder_ch_mult=enc_mult,
                     decoder_ch_mult=dec_mult, z_channels=sd["encoder.conv_out.weight"].shape[0],
-                    num_res_blocks=n_res)
+                    num_res_blocks=n_res, level_attention=level_attention)
 
 
 def load_vq(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedVQ:

@@ -1,6 +1,8 @@
-"""What an image is conditioned on: class labels (c2i) or left-padded caption features (t2i), and
+"""What an image is conditioned on: class labels (c2i), left-padded caption features (t2i) or left-padded
+prompt token ids with their unconditional counterparts (prompted families: Chameleon, Janus-Pro), and
 how the model turns that into prefix embeddings plus a key-validity mask, with the unconditional
-rows for classifier-free guidance. It does not run text encoders (see `text_encoder.py`).
+rows for classifier-free guidance. It does not run text encoders or tokenisers (see `text_encoder.py`,
+`prompts.py`).
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import ConfigError
-from .models.gpt import LlamaGenGPT
+from .models.gpt import ImageTransformer
 
 
 @dataclass(frozen=True)
@@ -17,11 +19,22 @@ class Condition:
     labels: torch.Tensor | None = None  # (B,) long, c2i
     caption: torch.Tensor | None = None  # (B, T_cap, caption_dim), left-padded, t2i
     caption_mask: torch.Tensor | None = None  # (B, T_cap) bool, True on real (not padded) tokens
+    prompt_ids: torch.Tensor | None = None  # (B, T) long, left-padded prompt tokens (prompted families)
+    prompt_mask: torch.Tensor | None = None  # (B, T) bool, True on real tokens
+    uncond_ids: torch.Tensor | None = None  # (B, T_u) long, the family's unconditional (CFG) prompt
+    uncond_mask: torch.Tensor | None = None  # (B, T_u) bool
 
     def __post_init__(self) -> None:
-        if (self.labels is None) == (self.caption is None):
-            raise ConfigError("condition", "exactly one of labels (c2i) or caption (t2i)",
-                              "both" if self.labels is not None else "neither")
+        given = [name for name in ("labels", "caption", "prompt_ids") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ConfigError("condition", "exactly one of labels (c2i), caption (t2i) or prompt_ids (prompted "
+                              "families)", ", ".join(given) or "none")
+        if self.prompt_ids is not None:
+            for ids, mask, name in ((self.prompt_ids, self.prompt_mask, "prompt"),
+                                    (self.uncond_ids, self.uncond_mask, "uncond")):
+                if ids is None or mask is None or ids.dim() != 2 or ids.shape != mask.shape:
+                    raise ConfigError(f"condition.{name}_ids", "(B, T) token ids with a (B, T) mask",
+                                      None if ids is None else tuple(ids.shape))
 
     @classmethod
     def classes(cls, labels, device=None) -> "Condition":
@@ -31,12 +44,17 @@ class Condition:
         """The condition of sample i alone (speculative decoders draw one image at a time)."""
         if self.labels is not None:
             return Condition(labels=self.labels[i:i + 1])
+        if self.prompt_ids is not None:
+            return Condition(prompt_ids=self.prompt_ids[i:i + 1], prompt_mask=self.prompt_mask[i:i + 1],
+                             uncond_ids=self.uncond_ids[i:i + 1], uncond_mask=self.uncond_mask[i:i + 1])
         mask = None if self.caption_mask is None else self.caption_mask[i:i + 1]
         return Condition(caption=self.caption[i:i + 1], caption_mask=mask)
 
     @property
     def batch(self) -> int:
-        return (self.labels if self.labels is not None else self.caption).shape[0]
+        for value in (self.labels, self.caption, self.prompt_ids):
+            if value is not None:
+                return value.shape[0]
 
 
 @dataclass
@@ -46,10 +64,45 @@ class Prefix:
     padded: bool  # whether any prefix key is masked
 
 
-def build_prefix(model: LlamaGenGPT, condition: Condition, guided: bool) -> Prefix:
+def _left_pad(ids: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    pad = length - ids.shape[1]
+    if pad == 0:
+        return ids, mask
+    return (torch.cat([ids.new_zeros(ids.shape[0], pad), ids], 1),
+            torch.cat([mask.new_zeros(mask.shape[0], pad), mask], 1))
+
+
+def build_prompt_prefix(model: ImageTransformer, condition: Condition, guided: bool) -> Prefix:
+    """Prompted families: token embeddings of [cond; uncond] rows, left-padded to one length with the
+    padding masked out of attention (RoPE is relative, so the offset padding adds changes nothing)."""
+    config = model.config
+    device = model.tok_embeddings.weight.device
+    if condition.prompt_ids is None:
+        raise ConfigError("condition", f"prompt token ids for a {config.family} model",
+                          "class labels" if condition.labels is not None else "caption features",
+                          "encode the prompt with lantern_core.prompts.PromptEncoder")
+    ids, mask = condition.prompt_ids.to(device), condition.prompt_mask.to(device).bool()
+    if guided:
+        T = max(ids.shape[1], condition.uncond_ids.shape[1])
+        ids, mask = _left_pad(ids, mask, T)
+        u_ids, u_mask = _left_pad(condition.uncond_ids.to(device), condition.uncond_mask.to(device).bool(), T)
+        ids, mask = torch.cat([ids, u_ids]), torch.cat([mask, u_mask])
+    if ids.shape[1] > config.cls_token_num:
+        raise ConfigError("prompt", f"at most {config.cls_token_num} tokens (the model's max_prompt_tokens)",
+                          f"{ids.shape[1]} tokens", "shorten the prompt or load the model with a larger "
+                          "max_prompt_tokens")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.text_vocab_size):
+        raise ConfigError("prompt token ids", f"ids in 0..{config.text_vocab_size - 1}",
+                          (int(ids.min()), int(ids.max())), "use the tokenizer shipped with the model")
+    return Prefix(model.embed_prompt(ids), mask, padded=not bool(mask.all()))
+
+
+def build_prefix(model: ImageTransformer, condition: Condition, guided: bool) -> Prefix:
     """Prefix embeddings for `condition`, with unconditional rows appended when `guided`."""
     config = model.config
     device = model.tok_embeddings.weight.device
+    if config.model_type == "prompt":
+        return build_prompt_prefix(model, condition, guided)
     if config.model_type == "c2i":
         if condition.labels is None:
             raise ConfigError("condition", "class labels for a class-conditional (c2i) model", "a caption")

@@ -12,7 +12,9 @@ from typing import Literal
 
 from .errors import ConfigError
 
-ModelType = Literal["c2i", "t2i"]
+ModelType = Literal["c2i", "t2i", "prompt"]
+Family = Literal["llamagen", "chameleon", "janus"]
+FAMILIES: tuple[str, ...] = ("llamagen", "chameleon", "janus")
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -27,10 +29,18 @@ def llamagen_ffn_dim(dim: int, multiple_of: int = 256) -> int:
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Shape of a LlamaGen-architecture GPT.
+    """Shape of a decoder-only image transformer on the shared block / KV-cache machinery.
 
     `grid_size` is the side of the square token grid the model generates (16 for 256 px with VQ-16);
-    `cls_token_num` is the conditioning prefix length (1 for c2i, 120 for t2i).
+    `vocab_size` is the number of image codes the model samples from (the VQ codebook).
+    `cls_token_num` is the conditioning prefix length (1 for c2i, 120 for t2i) or, for prompted
+    families (`model_type="prompt"`: Chameleon/Anole/Lumina-mGPT, Janus-Pro), the longest prompt in
+    tokens the RoPE table and memory estimates are sized for.
+
+    Family knobs: `qk_norm` (Chameleon's per-head LayerNorm on q and k), `swin_norm` (norms after the
+    sub-layers), `rope_dims` (2 = LlamaGen's 2-D grid RoPE with a zero prefix, 1 = 1-D RoPE over cache
+    slots), `text_vocab_size` (the language model's vocabulary, prompt tokens), `image_embed_dim` and
+    `image_proj_dim` (Janus: codebook embedding width and the aligner / generation-head width).
     """
 
     dim: int = 768
@@ -46,6 +56,13 @@ class GPTConfig:
     grid_size: int = 16
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
+    family: Family = "llamagen"
+    text_vocab_size: int = 0
+    qk_norm: bool = False
+    swin_norm: bool = False
+    rope_dims: int = 2
+    image_embed_dim: int = 0
+    image_proj_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
@@ -56,16 +73,30 @@ class GPTConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"GPTConfig.{name}", "a positive integer", value)
-        if self.model_type not in ("c2i", "t2i"):
-            raise ConfigError("GPTConfig.model_type", "'c2i' or 't2i'", self.model_type)
+        if self.model_type not in ("c2i", "t2i", "prompt"):
+            raise ConfigError("GPTConfig.model_type", "'c2i', 't2i' or 'prompt'", self.model_type)
+        if self.family not in FAMILIES:
+            raise ConfigError("GPTConfig.family", f"one of {FAMILIES}", self.family)
+        if (self.family == "llamagen") == (self.model_type == "prompt"):
+            raise ConfigError("GPTConfig.model_type", "'c2i'/'t2i' for LlamaGen, 'prompt' for Chameleon and "
+                              "Janus", f"{self.model_type!r} with family {self.family!r}")
         if self.dim % self.n_head:
             raise ConfigError("GPTConfig.n_head", f"a divisor of dim={self.dim}", self.n_head)
         if self.n_head % self.n_kv_head:
             raise ConfigError("GPTConfig.n_kv_head", f"a divisor of n_head={self.n_head}", self.n_kv_head)
-        if self.head_dim % 4:
-            raise ConfigError("GPTConfig.n_head", "dim / n_head divisible by 4 (2-D RoPE)", self.head_dim)
+        if self.rope_dims not in (1, 2):
+            raise ConfigError("GPTConfig.rope_dims", "1 or 2", self.rope_dims)
+        if self.head_dim % (2 * self.rope_dims):
+            raise ConfigError("GPTConfig.n_head", f"dim / n_head divisible by {2 * self.rope_dims} "
+                              f"({self.rope_dims}-D RoPE)", self.head_dim)
         if self.model_type == "c2i" and self.num_classes <= 0:
             raise ConfigError("GPTConfig.num_classes", "a positive integer for c2i", self.num_classes)
+        if self.model_type == "prompt" and self.text_vocab_size <= 0:
+            raise ConfigError("GPTConfig.text_vocab_size", "the language model's vocabulary size (> 0)",
+                              self.text_vocab_size)
+        if self.family == "janus" and (self.image_embed_dim <= 0 or self.image_proj_dim <= 0):
+            raise ConfigError("GPTConfig.image_embed_dim", "positive codebook-embedding and projection widths "
+                              "for Janus", (self.image_embed_dim, self.image_proj_dim))
 
     @property
     def head_dim(self) -> int:
@@ -119,7 +150,10 @@ def gpt_preset(name: str, model_type: ModelType = "c2i", image_size: int = 256,
 
 @dataclass(frozen=True)
 class VQConfig:
-    """Shape of a LlamaGen VQ tokenizer (VQ-16: 5 levels; VQ-8: 4 levels)."""
+    """Shape of a VQ-GAN tokenizer: LlamaGen's VQ-16 / VQ-8 (also Janus-Pro's image tokenizer) and the
+    taming-style Chameleon VQGAN (`codebook_l2_norm=False`, `level_attention=False`: attention only in
+    the middle block). `level_attention` puts attention after every block of the lowest-resolution
+    level of the encoder and decoder (LlamaGen's layout)."""
 
     codebook_size: int = 16384
     codebook_embed_dim: int = 8
@@ -130,6 +164,7 @@ class VQConfig:
     decoder_ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
     z_channels: int = 256
     num_res_blocks: int = 2
+    level_attention: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "encoder_ch_mult", tuple(self.encoder_ch_mult))
@@ -155,6 +190,9 @@ class VQConfig:
 VQ_PRESETS: dict[str, VQConfig] = {
     "VQ-16": VQConfig(),
     "VQ-8": VQConfig(encoder_ch_mult=(1, 2, 2, 4), decoder_ch_mult=(1, 2, 2, 4)),
+    # Chameleon's VQGAN (Anole, Lumina-mGPT): 8192 x 256 codes, f16, no level attention (vqgan.yaml)
+    "chameleon": VQConfig(codebook_size=8192, codebook_embed_dim=256, codebook_l2_norm=False,
+                          codebook_show_usage=False, level_attention=False),
 }
 
 

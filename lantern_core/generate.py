@@ -16,7 +16,7 @@ import torch
 
 from .conditioning import Condition, build_prefix
 from .config import SamplingConfig
-from .models.gpt import ForwardStep, LlamaGenGPT
+from .models.gpt import ForwardStep, ImageTransformer
 from .models.kv_cache import KVCache, attention_mask
 from .sampling import Generators, combine_cfg, pick_tokens
 
@@ -112,7 +112,7 @@ class DecodeState:
         return nbytes
 
 
-def prefill_state(model: LlamaGenGPT, condition: Condition, guided: bool, spare: int) -> tuple[DecodeState, torch.Tensor]:
+def prefill_state(model: ImageTransformer, condition: Condition, guided: bool, spare: int) -> tuple[DecodeState, torch.Tensor]:
     """Prefill the condition (rows = [cond; uncond] when guided) into a cache with room for the image plus
     `spare` slots. Returns the state and the prefix's hidden states (rows, T, dim)."""
     prefix = build_prefix(model, condition, guided)
@@ -128,7 +128,7 @@ def prefill_state(model: LlamaGenGPT, condition: Condition, guided: bool, spare:
 
 
 @torch.no_grad()
-def generate(model: LlamaGenGPT, condition: Condition, sampling: SamplingConfig,
+def generate(model: ImageTransformer, condition: Condition, sampling: SamplingConfig,
              generator: Generators = None, on_step: StepCallback | None = None) -> GenerationResult:
     """Sample `condition.batch` images' tokens autoregressively. Returns tokens (B, N) and stats."""
     config = model.config

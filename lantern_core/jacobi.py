@@ -38,7 +38,7 @@ from .config import SamplingConfig
 from .errors import ConfigError
 from .generate import DecodeState, GenerationResult, StepCallback, prefill_state, synchronize
 from .jacobi_window import WindowChoice, choose_window, target_costs
-from .models.gpt import ForwardStep, LlamaGenGPT
+from .models.gpt import ForwardStep, ImageTransformer
 from .models.kv_cache import attention_mask
 from .relaxation import Grouping, Relaxation, group_mass, relax
 from .sampling import Generators, generator_for, sample_from_probs
@@ -99,7 +99,7 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------- cache
 
 
-def forward_window(model: LlamaGenGPT, state: DecodeState, feed: torch.Tensor) -> torch.Tensor:
+def forward_window(model: ImageTransformer, state: DecodeState, feed: torch.Tensor) -> torch.Tensor:
     """Feed tokens (n,) at the committed length (written, not committed) -> logits (rows, n, V)."""
     rows = state.key_valid.shape[0]
     n = feed.numel()
@@ -169,7 +169,7 @@ class DraftWindow:
     """The W drafts ahead of the emitted prefix and the distributions they were drawn from. `canvas`
     holds emitted tokens followed by the current drafts (what the repeat initialisations copy)."""
 
-    def __init__(self, config: JacobiConfig, window: int, model: LlamaGenGPT, greedy: bool,
+    def __init__(self, config: JacobiConfig, window: int, model: ImageTransformer, greedy: bool,
                  generator: torch.Generator | None, device: torch.device):
         N, V = model.config.num_image_tokens, model.config.vocab_size
         self.config, self.W, self.V, self.grid = config, window, V, model.config.grid_size
@@ -237,7 +237,7 @@ class DraftWindow:
 
 
 @torch.no_grad()
-def jacobi_generate(model: LlamaGenGPT, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
+def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
                     generator: Generators = None, neighbors: torch.Tensor | None = None,
                     on_step: StepCallback | None = None) -> GenerationResult:
     """Sample `condition.batch` images with speculative Jacobi decoding; image i uses generator[i].
@@ -264,7 +264,7 @@ def jacobi_generate(model: LlamaGenGPT, condition: Condition, sampling: Sampling
     return GenerationResult(tokens, stats, per_cell)
 
 
-def _decode_one(model: LlamaGenGPT, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
+def _decode_one(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
                 generator: torch.Generator | None, neighbors: torch.Tensor | None, out: torch.Tensor,
                 per_cell: torch.Tensor, tally: RunTally, report) -> None:
     """Decode one image into `out` (N,) with an integer window."""
@@ -315,7 +315,7 @@ def _decode_one(model: LlamaGenGPT, condition: Condition, sampling: SamplingConf
 
 # ---------------------------------------------------------------------------------------------- auto window
 
-_WINDOWS: "weakref.WeakKeyDictionary[LlamaGenGPT, dict]" = weakref.WeakKeyDictionary()
+_WINDOWS: "weakref.WeakKeyDictionary[ImageTransformer, dict]" = weakref.WeakKeyDictionary()
 
 
 def _auto_key(sampling: SamplingConfig, config: JacobiConfig, device: torch.device, dtype: torch.dtype) -> tuple:
@@ -323,7 +323,7 @@ def _auto_key(sampling: SamplingConfig, config: JacobiConfig, device: torch.devi
             sampling.top_k, round(sampling.top_p, 3), replace(config, window=1), str(device), str(dtype))
 
 
-def _auto_window(model: LlamaGenGPT, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
+def _auto_window(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
                  neighbors: torch.Tensor | None) -> WindowChoice:
     """Once per model, sampling setting, rule and device: decode one scratch image (fixed seed, output
     discarded) with the largest window to measure how far drafts get accepted, then pick the window with

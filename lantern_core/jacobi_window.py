@@ -15,10 +15,10 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
-from .models.gpt import LlamaGenGPT
+from .models.gpt import ImageTransformer
 from .tree_select import CostCurve, verify_times
 
-_COSTS: "weakref.WeakKeyDictionary[LlamaGenGPT, dict]" = weakref.WeakKeyDictionary()
+_COSTS: "weakref.WeakKeyDictionary[ImageTransformer, dict]" = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def curve_sizes(max_tokens: int) -> tuple[int, ...]:
     return tuple(sizes + ([max_tokens] if max_tokens > 1 else []))
 
 
-def target_costs(model: LlamaGenGPT, rows: int, max_tokens: int, reps: int = 3) -> CostCurve:
+def target_costs(model: ImageTransformer, rows: int, max_tokens: int, reps: int = 3) -> CostCurve:
     """The target's forward-cost curve for 1..max_tokens tokens, measured once per model, rows, device
     and dtype (the GPU curve is flat where the CPU's climbs)."""
     weight = model.tok_embeddings.weight

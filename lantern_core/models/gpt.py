@@ -1,10 +1,16 @@
-"""LlamaGen-architecture GPT (class- and text-conditional), written from the public description.
+"""The shared decoder-only transformer (attention, block, trunk) and the LlamaGen GPT built on it.
+
+Every model family runs on these modules: `ImageTransformer` is the trunk (blocks, final norm, RoPE
+table, KV-cache allocation) and a family adds only its embeddings and output head (`LlamaGenGPT` here,
+Chameleon and Janus in `prompted.py`). Family differences are config flags, not copies: Chameleon's
+per-head QK LayerNorm (`qk_norm`), norms after the sub-layers (`swin_norm`), 1-D or 2-D RoPE.
 
 Parameter names follow LlamaGen's checkpoints exactly (`tok_embeddings`, `layers.{i}.attention.wqkv`,
 `feed_forward.w1/w2/w3`, `attention_norm`, `ffn_norm`, `norm`, `output`, `cls_embedding.*`) so official
-weights load with strict key checks. The forward pass takes explicit positions, cache slots and an
-attention mask, so the same module serves AR decoding, teacher-forced training and (later) tree
-verification. Sampling, caching policy and loops live in `generate.py`, not here.
+weights load with strict key checks; other layouts are mapped onto these names by their loaders. The
+forward pass takes explicit positions, cache slots and an attention mask, so the same module serves AR
+decoding, teacher-forced training, tree verification and Jacobi windows. Sampling, caching policy and
+loops live in the decoders, not here.
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ import torch.nn.functional as F
 
 from ..config import GPTConfig
 from .kv_cache import KVCache
-from .rope import apply_rope, build_rope_2d
+from .rope import apply_rope, build_rope_1d, build_rope_2d
 
 # Spare zero RoPE rows past the grid, so speculative positions that overrun the image stay valid.
 ROPE_EXTRA_ROWS = 16
@@ -44,6 +50,20 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class HeadLayerNorm(nn.Module):
+    """Chameleon's QK norm: LayerNorm statistics over each head's vector, then a per-(head, channel)
+    affine (weight and bias of shape (heads, head_dim)); eps 1e-5 as in the reference."""
+
+    def __init__(self, heads: int, head_dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, H, D)
+        return F.layer_norm(x, x.shape[-1:], eps=self.eps) * self.weight + self.bias
+
+
 class Attention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -54,12 +74,20 @@ class Attention(nn.Module):
         self.kv_size = config.n_kv_head * config.head_dim
         self.wqkv = nn.Linear(config.dim, self.q_size + 2 * self.kv_size, bias=False)
         self.wo = nn.Linear(self.q_size, config.dim, bias=False)
+        if config.qk_norm:
+            self.q_norm = HeadLayerNorm(config.n_head, config.head_dim)
+            self.k_norm = HeadLayerNorm(config.n_kv_head, config.head_dim)
+        else:
+            self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, step: "ForwardStep", layer: int) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.wqkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(B, T, self.n_head, self.head_dim), rope)
-        k = apply_rope(k.view(B, T, self.n_kv_head, self.head_dim), rope)
+        q = q.view(B, T, self.n_head, self.head_dim)
+        k = k.view(B, T, self.n_kv_head, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if step.cache is not None:  # keys/values of every slot up to kv_len, (B, H_kv, kv_len, D)
             k, v = step.cache.update(layer, step.slots, k, v, step.kv_len)
@@ -71,14 +99,21 @@ class Attention(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    """Pre-norm block (LlamaGen, Llama, Chameleon-7B); with `swin_norm` the two norms are applied to the
+    sub-layer outputs instead (Chameleon's Swin variant): h = x + norm(attn(x))."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
+        self.swin_norm = config.swin_norm
         self.attention = Attention(config)
         self.feed_forward = FeedForward(config.dim, config.ffn_dim)
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, step: "ForwardStep", layer: int) -> torch.Tensor:
+        if self.swin_norm:
+            h = x + self.attention_norm(self.attention(x, rope, step, layer))
+            return h + self.ffn_norm(self.feed_forward(h))
         h = x + self.attention(self.attention_norm(x), rope, step, layer)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -145,23 +180,47 @@ class Fp32Rope(nn.Module):
         return self
 
 
-class LlamaGenGPT(Fp32Rope):
+class ImageTransformer(Fp32Rope):
+    """The trunk every family shares: blocks, final norm, RoPE table, static KV cache. Subclasses add
+    `tok_embeddings` (its weight tells device and dtype), `embed_tokens(codes)` (image codes -> inputs)
+    and `logits(hidden)` (hidden -> logits over the image codes)."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+
+    def _build_rope(self) -> torch.Tensor:
+        c = self.config
+        if c.rope_dims == 1:  # one row per cache slot (prompt + image), plus the spare rows
+            return build_rope_1d(c.max_seq_len + ROPE_EXTRA_ROWS, c.head_dim, c.rope_base)
+        return build_rope_2d(c.grid_size, c.head_dim, c.rope_base, c.cls_token_num, extra_rows=ROPE_EXTRA_ROWS)
+
+    def forward(self, h: torch.Tensor, step: ForwardStep) -> torch.Tensor:
+        """Run the trunk on embeddings h (B, T, dim); returns final-normed hidden states (B, T, dim)."""
+        rope = self.rope_table[step.positions]  # (T, D/2, 2)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, rope, step, i)
+        return self.norm(h)
+
+    def allocate_cache(self, batch: int, max_len: int | None = None, device=None, dtype=None) -> KVCache:
+        weight = self.tok_embeddings.weight
+        c = self.config
+        return KVCache.allocate(c.n_layer, batch, c.n_kv_head, max_len or c.max_seq_len, c.head_dim,
+                                device or weight.device, dtype or weight.dtype)
+
+
+class LlamaGenGPT(ImageTransformer):
+    def __init__(self, config: GPTConfig):
+        super().__init__(config)
         if config.model_type == "c2i":
             self.cls_embedding = LabelEmbedder(config.num_classes, config.dim)
         else:
             self.cls_embedding = CaptionEmbedder(config.caption_dim, config.dim, config.cls_token_num)
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
-        self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.register_buffer("rope_table", self._build_rope(), persistent=False)  # not in checkpoints, as upstream
-
-    def _build_rope(self) -> torch.Tensor:
-        c = self.config
-        return build_rope_2d(c.grid_size, c.head_dim, c.rope_base, c.cls_token_num, extra_rows=ROPE_EXTRA_ROWS)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
@@ -181,21 +240,8 @@ class LlamaGenGPT(Fp32Rope):
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.tok_embeddings(tokens)
 
-    def forward(self, h: torch.Tensor, step: ForwardStep) -> torch.Tensor:
-        """Run the trunk on embeddings h (B, T, dim); returns final-normed hidden states (B, T, dim)."""
-        rope = self.rope_table[step.positions]  # (T, D/2, 2)
-        for i, layer in enumerate(self.layers):
-            h = layer(h, rope, step, i)
-        return self.norm(h)
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.output(hidden).float()
-
-    def allocate_cache(self, batch: int, max_len: int | None = None, device=None, dtype=None) -> KVCache:
-        weight = self.tok_embeddings.weight
-        c = self.config
-        return KVCache.allocate(c.n_layer, batch, c.n_kv_head, max_len or c.max_seq_len, c.head_dim,
-                                device or weight.device, dtype or weight.dtype)
 
     def training_logits(self, condition: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: logits (B, N, V) predicting tokens (B, N) from the prefix and tokens[:, :-1]."""

@@ -1,4 +1,4 @@
-"""LlamaGen's 2-D rotary position embedding.
+"""Rotary position embeddings: LlamaGen's 2-D grid table and Llama's 1-D table.
 
 Builds the (rows, head_dim/2, 2) table of (cos, sin) and applies it to interleaved (2j, 2j+1) pairs.
 Rows 0..prefix_len-1 are all zeros (LlamaGen's quirk: q and k vanish on the conditioning prefix);
@@ -35,3 +35,23 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, H, D/2) complex
     rot = torch.view_as_complex(table if table.dim() == 4 else table[None])  # (B|1, T, D/2)
     return torch.view_as_real(pairs * rot[:, :, None]).flatten(3).type_as(x)
+
+
+def build_rope_1d(rows: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Llama's 1-D RoPE as a (rows, head_dim/2, 2) table for interleaved pairs: row t rotates pair j by
+    t * base ** (-2j / head_dim). Checkpoints that rotate halves (HF's rotate_half) are loaded with their
+    q/k projections permuted to interleaved pairs (`permute_rotate_half`), so one `apply_rope` serves all."""
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))  # (D/2,)
+    angles = torch.outer(torch.arange(rows, dtype=torch.float64), freqs)  # (rows, D/2)
+    return torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1).float()
+
+
+def permute_rotate_half(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Reorder each head's channels from rotate-half pairs (j, j + D/2) to interleaved pairs (2j, 2j + 1).
+    weight: (heads * D, in) projection rows, (heads * D,) biases or (heads, D) per-head norm parameters."""
+    shape = weight.shape
+    per_head = weight.numel() // heads  # D * in, D or D
+    head_dim = shape[1] if (weight.dim() == 2 and shape[0] == heads) else shape[0] // heads
+    rest = per_head // head_dim
+    # (H, 2, D/2, rest) -> (H, D/2, 2, rest): channels j and j + D/2 become neighbours
+    return weight.reshape(heads, 2, head_dim // 2, rest).transpose(1, 2).reshape(shape)

@@ -1,7 +1,8 @@
-"""LlamaGen VQ tokenizer (VQ-16 / VQ-8 layouts): encoder, L2-normalised quantiser, decoder.
+"""VQ-GAN image tokenizer: encoder, quantiser (L2-normalised for LlamaGen / Janus), decoder. One module
+serves LlamaGen's VQ-16 / VQ-8, Janus-Pro's VQ-16 and Chameleon's VQGAN (config flags, `VQConfig`).
 
 Module and parameter names match `vq_ds16_c2i.pt` / `vq_ds16_t2i.pt` so official weights load with
-strict key checks. Images are (B, 3, H, W) in [-1, 1]; indices are (B, h*w) in raster order.
+strict key checks; the taming / Janus / transformers layouts are mapped onto them by `vq_io.py`. Images are (B, 3, H, W) in [-1, 1]; indices are (B, h*w) in raster order.
 Losses and discriminators for training are not here (see `lantern_core.train_embedded`).
 """
 from __future__ import annotations
@@ -101,7 +102,7 @@ class Encoder(nn.Module):
             out_ch = ch * m
             last = i == len(mult) - 1
             res = [ResnetBlock(in_ch if j == 0 else out_ch, out_ch) for j in range(config.num_res_blocks)]
-            attn = [AttnBlock(out_ch) for _ in range(config.num_res_blocks)] if last else []
+            attn = [AttnBlock(out_ch) for _ in range(config.num_res_blocks)] if last and config.level_attention else []
             level = Level(res, attn)
             if not last:
                 level.downsample = Downsample(out_ch)
@@ -133,7 +134,7 @@ class Decoder(nn.Module):
         for i in range(len(mult)):
             out_ch = ch * mult[len(mult) - 1 - i]
             res = [ResnetBlock(in_ch if j == 0 else out_ch, out_ch) for j in range(config.num_res_blocks + 1)]
-            attn = [AttnBlock(out_ch) for _ in range(config.num_res_blocks + 1)] if i == 0 else []
+            attn = [AttnBlock(out_ch) for _ in range(config.num_res_blocks + 1)] if i == 0 and config.level_attention else []
             level = Level(res, attn)
             if i != len(mult) - 1:
                 level.upsample = Upsample(out_ch)

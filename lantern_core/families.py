@@ -1,0 +1,202 @@
+"""Loading a prompted-family model folder offline: Chameleon (Anole-7b, Lumina-mGPT) and Janus-Pro.
+
+A folder is recognised from its `config.json` (`model_type` "chameleon", "janus" (transformers'
+conversion) or "multi_modality" (DeepSeek's original Janus-Pro release)); its weights are read from
+`model.safetensors` or sharded `model-*.safetensors` (+ index), `.bin` only through
+`torch.load(weights_only=True)`. The tokenizer is the folder's `tokenizer.json` (or Chameleon's
+`text_tokenizer.json`), read by the `tokenizers` library. The image tokenizer comes from the same
+checkpoint for Janus, and from Chameleon's VQGAN file (`vqgan.safetensors` or `vqgan.ckpt`, in the
+folder or its `tokenizer/` / `vqgan/` subfolder) for Chameleon. Nothing is downloaded; no remote code.
+Weight renaming is `family_io.py`; model code is the shared trunk (`models/prompted.py`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .checkpoint_io import read_checkpoint
+from .checkpoints import infer_vq_config, load_state_strict, read_hf_folder
+from .config import GPTConfig
+from .errors import CheckpointError, ConfigError
+from .family_io import chameleon_state, janus_state, taming_to_ours
+from .models.prompted import PromptedImageLM
+from .models.vq import VQModel
+from .prompts import FORMATS, PromptEncoder, chameleon_image_token_ids, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+LAYOUTS = {"chameleon": ("chameleon", "hf-chameleon"), "janus": ("janus", "hf-janus"),
+           "multi_modality": ("janus", "deepseek-janus")}
+DEFAULT_GRID = {"chameleon": 32, "janus": 24}  # Anole 512 px / 16; Janus-Pro 384 px / 16
+DEFAULT_MAX_PROMPT = 256
+TOKENIZER_NAMES = ("tokenizer.json", "text_tokenizer.json", "tokenizer/text_tokenizer.json")
+VQGAN_NAMES = ("vqgan.safetensors", "vqgan.ckpt", "tokenizer/vqgan.safetensors", "tokenizer/vqgan.ckpt",
+               "vqgan/vqgan.safetensors", "vqgan/vqgan.ckpt")
+FIX = ("choose the model's folder as downloaded (config.json, tokenizer.json, model*.safetensors), e.g. "
+       "models/lantern/Anole-7b-v0.1-hf or models/lantern/Janus-Pro-7B")
+
+
+@dataclass
+class LoadedPrompted:
+    model: PromptedImageLM
+    config: GPTConfig
+    source_format: str  # "hf-chameleon", "hf-janus" or "deepseek-janus"
+    encoder: PromptEncoder
+    vq: VQModel | None
+    vq_source: str | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def family(self) -> str:
+        return self.config.family
+
+
+def read_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(path, "a readable JSON config", f"a missing or unreadable file ({exc})", FIX) from exc
+
+
+def detect_family(folder: str | Path) -> tuple[str, str]:
+    """(family, layout) of a model folder, from config.json's model_type."""
+    folder = Path(folder)
+    model_type = read_config(folder).get("model_type")
+    if model_type not in LAYOUTS:
+        raise CheckpointError(folder / "config.json", f"model_type one of {sorted(LAYOUTS)} (Chameleon / Anole / "
+                              "Lumina-mGPT, Janus-Pro)", repr(model_type), FIX)
+    return LAYOUTS[model_type]
+
+
+def _rope_theta(cfg: dict) -> float:
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
+def _decoder_shape(cfg: dict, where: str) -> dict:
+    """Shared fields of an HF Llama / Chameleon config (`where` names it in errors)."""
+    try:
+        heads = int(cfg["num_attention_heads"])
+        shape = dict(dim=int(cfg["hidden_size"]), n_layer=int(cfg["num_hidden_layers"]), n_head=heads,
+                     n_kv_head=int(cfg.get("num_key_value_heads") or heads), ffn_dim=int(cfg["intermediate_size"]),
+                     text_vocab_size=int(cfg["vocab_size"]), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                     rope_base=_rope_theta(cfg))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(where, "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size and "
+                          "vocab_size", f"missing or invalid {exc}") from exc
+    for flag in ("attention_bias", "mlp_bias"):
+        if cfg.get(flag):
+            raise ConfigError(f"{where}.{flag}", "false (no biases, as every released checkpoint)", cfg[flag])
+    return shape
+
+
+def chameleon_config(cfg: dict, grid: int, max_prompt: int) -> GPTConfig:
+    vq = cfg.get("vq_config") or {}
+    return GPTConfig(**_decoder_shape(cfg, "config.json"), vocab_size=int(vq.get("num_embeddings", 8192)),
+                     model_type="prompt", family="chameleon", qk_norm=True, swin_norm=bool(cfg.get("swin_norm")),
+                     rope_dims=1, grid_size=grid, cls_token_num=max_prompt)
+
+
+def janus_config(cfg: dict, layout: str, grid: int, max_prompt: int) -> GPTConfig:
+    if layout == "hf-janus":
+        text, vq = cfg.get("text_config") or {}, cfg.get("vq_config") or {}
+        codes, embed, proj = vq.get("num_embeddings", 16384), vq.get("embed_dim", 8), vq.get("projection_dim")
+    else:  # DeepSeek: language_config + gen_*_config {"params": {...}}
+        text = cfg.get("language_config") or {}
+        head = (cfg.get("gen_head_config") or {}).get("params", {})
+        aligner = (cfg.get("gen_aligner_config") or {}).get("params", {})
+        codes, embed, proj = head.get("image_token_size", 16384), aligner.get("input_dim", 8), aligner.get("n_embed")
+        if aligner.get("depth", 2) != 2:
+            raise ConfigError("config.json gen_aligner_config.depth", "2 (every Janus-Pro release)", aligner["depth"])
+    shape = _decoder_shape(text, "config.json text/language config")
+    return GPTConfig(**shape, vocab_size=int(codes), model_type="prompt", family="janus", rope_dims=1,
+                     grid_size=grid, cls_token_num=max_prompt, image_embed_dim=int(embed),
+                     image_proj_dim=int(proj or shape["dim"]))
+
+
+def _janus_grid(cfg: dict) -> int | None:
+    tokens = (cfg.get("vision_config") or {}).get("num_image_tokens")
+    return int(round(tokens ** 0.5)) if tokens else None
+
+
+def find_file(folder: Path, names: tuple[str, ...]) -> Path | None:
+    return next((folder / n for n in names if (folder / n).is_file()), None)
+
+
+def load_janus_vq(folder: Path, tensors: dict[str, torch.Tensor], layout: str) -> VQModel:
+    prefix = "model.vqmodel." if layout == "hf-janus" else "gen_vision_model."
+    sd = {k[len(prefix):]: v.float() for k, v in tensors.items() if k.startswith(prefix)}
+    if not sd:
+        raise CheckpointError(folder, f"the image tokenizer's weights ({prefix}*)", "none",
+                              "the folder is incomplete: download every model-*.safetensors shard")
+    if layout == "hf-janus":
+        sd = taming_to_ours(sd, decoder_from_highest=False)
+    return _build_vq(folder, sd, l2_norm=True)
+
+
+def load_chameleon_vq(folder: Path) -> tuple[VQModel | None, str | None]:
+    path = find_file(folder, VQGAN_NAMES)
+    if path is None:
+        return None, None
+    raw = read_checkpoint(path)
+    sd = {k: v.float() for k, v in raw.tensors.items() if not k.startswith("loss.")}
+    return _build_vq(path, taming_to_ours(sd, decoder_from_highest=True), l2_norm=False), str(path)
+
+
+def _build_vq(path: Path, sd: dict[str, torch.Tensor], l2_norm: bool) -> VQModel:
+    try:
+        config = infer_vq_config(path, sd, {}, l2_norm=l2_norm)
+    except (KeyError, ConfigError) as exc:
+        raise CheckpointError(path, "a complete VQ-GAN (encoder, decoder, quantize.embedding)",
+                              f"an inconsistent layout ({exc})", FIX) from exc
+    model = VQModel(config)
+    load_state_strict(model, sd, path, FIX)
+    return model.eval()
+
+
+def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                  grid_size: int | None = None, max_prompt_tokens: int = DEFAULT_MAX_PROMPT) -> LoadedPrompted:
+    """Load a Chameleon / Janus-Pro folder strictly: model, prompt encoder and (when present) VQ decoder."""
+    folder = Path(folder)
+    family, layout = detect_family(folder)
+    cfg = read_config(folder)
+    notes: list[str] = []
+    grid = grid_size or (_janus_grid(cfg) if family == "janus" else None) or DEFAULT_GRID[family]
+    try:
+        config = (chameleon_config(cfg, grid, max_prompt_tokens) if family == "chameleon"
+                  else janus_config(cfg, layout, grid, max_prompt_tokens))
+    except ConfigError as exc:
+        raise CheckpointError(folder / "config.json", "a consistent model configuration", str(exc), FIX) from exc
+    tokenizer_path = find_file(folder, TOKENIZER_NAMES)
+    if tokenizer_path is None:
+        raise CheckpointError(folder, f"a tokenizer file ({' or '.join(TOKENIZER_NAMES)})", "none",
+                              "copy the tokenizer from the model's download into this folder")
+    tokenizer = load_tokenizer(tokenizer_path)
+    tensors, _ = read_hf_folder(folder)
+    if family == "chameleon":
+        token_ids = chameleon_image_token_ids(tokenizer, config.vocab_size, tokenizer_path)
+        sd = chameleon_state(folder, tensors, config, token_ids)
+        vq, vq_source = load_chameleon_vq(folder)
+        if vq is None:
+            notes.append("no Chameleon VQGAN (vqgan.safetensors / vqgan.ckpt) in the folder: tokens only, "
+                         "images cannot be decoded")
+    else:
+        sd = janus_state(folder, tensors, config)
+        vq, vq_source = load_janus_vq(folder, tensors, layout), layout
+    with torch.device("meta"):
+        model = PromptedImageLM(config)
+    load_state_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, folder, FIX,
+                      assign=True)
+    model.rope_table = model._build_rope()
+    model = model.to(device=device, dtype=dtype).eval()
+    if vq is not None:
+        vq = vq.to(device=device, dtype=dtype)
+    for note in notes:
+        log.info("%s: %s", folder.name, note)
+    encoder = PromptEncoder(tokenizer, FORMATS[family], tokenizer_path)
+    return LoadedPrompted(model, config, layout, encoder, vq, vq_source, notes)

@@ -1,0 +1,133 @@
+"""Prompt formats of the prompted families and the encoder that turns text into a `Condition`.
+
+Each family's reference generator wraps the prompt in a template, appends the special token(s) that
+start an image, and builds its classifier-free-guidance (unconditional) input its own way:
+
+- Janus-Pro (DeepSeek's `generation_inference.py`): "<|User|>: {prompt}\\n\\n<|Assistant|>:" + "<begin_of_image>",
+  BOS first; the unconditional row is the same sequence with every token but the first (BOS) and the
+  last (<begin_of_image>) replaced by the pad token.
+- Chameleon / Anole (LANTERN's Anole generator): BOS + prompt + "<reserved08706>" (end of turn) +
+  "<racm3:break>" (image start); the unconditional row is BOS + "<racm3:break>" alone.
+
+Tokenisation uses the model's own `tokenizer.json` through the `tokenizers` library (no transformers, no
+remote code, no downloads). Image codes <-> vocabulary ids for Chameleon come from the tokenizer's
+IMGIMG names (`chameleon_image_token_ids`). This module does not know about models or weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .conditioning import Condition
+from .errors import CheckpointError, ConfigError
+
+CHAMELEON_IMAGE_PREFIX = "IMGIMG"
+_LETTER_DIGITS = {chr(ord("A") + i): str(i) for i in range(10)}  # IMGIMG names spell digits as A..J
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a family wraps a prompt: BOS + `template` around {prompt} + special `suffix` tokens (which
+    end with the image-start token), and the unconditional row: "pad_inner" (the same tokens, all but
+    the first and last replaced by `pad_token`) or "bos_suffix" (BOS + `uncond_suffix`). BOS is added
+    explicitly (not by the tokenizer's post-processor, whose presence varies between exports)."""
+
+    template: str
+    suffix: tuple[str, ...]
+    uncond: str
+    bos_token: str
+    uncond_suffix: tuple[str, ...] = ()
+    pad_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if "{prompt}" not in self.template:
+            raise ConfigError("PromptFormat.template", "a string containing {prompt}", self.template)
+        if self.uncond not in ("pad_inner", "bos_suffix"):
+            raise ConfigError("PromptFormat.uncond", "'pad_inner' or 'bos_suffix'", self.uncond)
+        if self.uncond == "pad_inner" and not self.pad_token:
+            raise ConfigError("PromptFormat.pad_token", "the pad token for 'pad_inner' CFG", self.pad_token)
+
+
+JANUS_FORMAT = PromptFormat(template="<|User|>: {prompt}\n\n<|Assistant|>:", suffix=("<begin_of_image>",),
+                            uncond="pad_inner", bos_token="<｜begin▁of▁sentence｜>", pad_token="<｜▁pad▁｜>")
+CHAMELEON_FORMAT = PromptFormat(template="{prompt}", suffix=("<reserved08706>", "<racm3:break>"),
+                                uncond="bos_suffix", bos_token="<s>", uncond_suffix=("<racm3:break>",))
+FORMATS = {"janus": JANUS_FORMAT, "chameleon": CHAMELEON_FORMAT}
+
+
+def load_tokenizer(path: str | Path):
+    """A `tokenizers.Tokenizer` from tokenizer.json; a clear error when missing or unreadable."""
+    from tokenizers import Tokenizer  # the tokenizers wheel comes with transformers; imported lazily
+
+    path = Path(path)
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
+        raise CheckpointError(path, "the model's tokenizer.json", f"a missing or unreadable file ({exc})",
+                              "copy tokenizer.json from the model's download into this folder") from exc
+
+
+def _token_id(tokenizer, token: str, path: str | Path) -> int:
+    index = tokenizer.token_to_id(token)
+    if index is None:
+        raise CheckpointError(path, f"the special token {token!r} in the tokenizer", "no such token",
+                              "use the tokenizer.json that ships with these weights")
+    return index
+
+
+def chameleon_image_token_ids(tokenizer, codebook_size: int, path: str | Path = "tokenizer.json") -> torch.Tensor:
+    """Vocabulary id of every image code 0..V-1, from the IMGIMG<digits as letters>Z token names."""
+    ids = torch.full((codebook_size,), -1, dtype=torch.long)
+    for name, index in tokenizer.get_vocab(with_added_tokens=True).items():
+        if name.startswith(CHAMELEON_IMAGE_PREFIX):
+            digits = "".join(_LETTER_DIGITS.get(c, c) for c in name[len(CHAMELEON_IMAGE_PREFIX):-1])
+            if digits.isdigit() and int(digits) < codebook_size:
+                ids[int(digits)] = index
+    missing = int((ids < 0).sum())
+    if missing:
+        raise CheckpointError(path, f"{codebook_size} IMGIMG image tokens in the vocabulary",
+                              f"{codebook_size - missing}", "use the Chameleon/Anole/Lumina-mGPT tokenizer.json")
+    return ids
+
+
+class PromptEncoder:
+    """Text prompts -> a left-padded `Condition` with the family's unconditional rows."""
+
+    def __init__(self, tokenizer, fmt: PromptFormat, source: str | Path = "tokenizer.json"):
+        self.tokenizer = tokenizer
+        self.format = fmt
+        self.suffix = [_token_id(tokenizer, t, source) for t in fmt.suffix]
+        self.uncond_suffix = [_token_id(tokenizer, t, source) for t in fmt.uncond_suffix]
+        self.bos_id = _token_id(tokenizer, fmt.bos_token, source)
+        self.pad_id = _token_id(tokenizer, fmt.pad_token, source) if fmt.pad_token else 0
+
+    def token_ids(self, prompt: str) -> list[int]:
+        """BOS + templated text + the suffix (ending with the image-start token)."""
+        text = self.format.template.format(prompt=prompt)
+        return [self.bos_id] + self.tokenizer.encode(text, add_special_tokens=False).ids + self.suffix
+
+    def uncond_ids(self, ids: list[int]) -> list[int]:
+        if self.format.uncond == "pad_inner":
+            return ids[:1] + [self.pad_id] * (len(ids) - 2) + ids[-1:]
+        return [self.bos_id] + self.uncond_suffix
+
+    def encode(self, prompts: list[str], device=None) -> Condition:
+        if not prompts:
+            raise ConfigError("prompts", "at least one prompt", prompts)
+        cond = [self.token_ids(p) for p in prompts]
+        uncond = [self.uncond_ids(ids) for ids in cond]
+        ids, mask = _pad_left(cond, device)
+        u_ids, u_mask = _pad_left(uncond, device)
+        return Condition(prompt_ids=ids, prompt_mask=mask, uncond_ids=u_ids, uncond_mask=u_mask)
+
+
+def _pad_left(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    T = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, T - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, T - len(r):] = True
+    return ids.to(device), mask.to(device)

@@ -1,0 +1,167 @@
+"""Tiny random Chameleon and Janus-Pro models built with transformers' own classes and saved as real
+model folders (config.json, model.safetensors, tokenizer.json), for the parity and loader tests.
+
+Weights get a larger std than the reference init and randomised norms/biases, so RoPE, QK-norm and
+mask bugs cannot hide behind near-uniform attention. The tokenizers are word-level `tokenizers`
+models holding each family's special tokens; Chameleon's IMGIMG names are assigned to vocabulary ids
+in a shuffled order, so a loader that assumed "code = id - 4" would fail.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+IMAGE_CODES = 64
+WORDS = ["a", "cat", "dog", "red", "blue", "photo", "of", "the", "on", "grass", "sky", "painting"]
+CHAMELEON_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
+
+
+def _randomise(model: torch.nn.Module, seed: int, gain: float = 1.5) -> None:
+    """Weights N(0, gain^2 / fan_in) (embeddings N(0, 1)), norms U(0.5, 1.5), biases N(0, 0.1^2): O(1)
+    activations, peaked but varied next-token distributions."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+            elif p.dim() == 1 or name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            elif "embed" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=g) * gain / fan_in ** 0.5)
+
+
+def _letters(code: int) -> str:
+    return "".join(chr(ord("A") + int(d)) for d in str(code))
+
+
+def chameleon_vocab(seed: int = 0) -> dict[str, int]:
+    """<s>=0, <pad>=1, </s>=2, <unk>=3, 64 image tokens at ids 4..67 in shuffled code order, then
+    <eoss>, <racm3:break>, <reserved08706> and words."""
+    vocab = {name: i for i, name in enumerate(CHAMELEON_SPECIALS)}
+    order = torch.randperm(IMAGE_CODES, generator=torch.Generator().manual_seed(seed)).tolist()
+    for offset, code in enumerate(order):
+        vocab[f"IMGIMG{_letters(code)}Z"] = 4 + offset
+    for name in ["<eoss>", "<racm3:break>", "<reserved08706>", "<image>"] + WORDS:
+        vocab[name] = len(vocab)
+    return vocab
+
+
+def janus_vocab() -> dict[str, int]:
+    names = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<unk>", "<begin_of_image>",
+             "<end_of_image>", "<image_placeholder>", "<|User|>", "<|Assistant|>", ":"] + WORDS
+    return {name: i for i, name in enumerate(names)}
+
+
+def write_tokenizer(path: Path, vocab: dict[str, int], specials: list[str]) -> None:
+    from tokenizers import AddedToken, Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    tok.add_special_tokens([AddedToken(s, special=True) for s in specials])
+    tok.save(str(path))
+
+
+def save_chameleon_folder(folder: Path, swin_norm: bool = False, seed: int = 0, text_vocab: int = 96):
+    """A transformers ChameleonForConditionalGeneration (QK-norm, GQA) in `folder`; returns the model."""
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    vocab = chameleon_vocab(seed)
+    config = ChameleonConfig(
+        vocab_size=text_vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, swin_norm=swin_norm, vocabulary_map=vocab,
+        vq_config=dict(embed_dim=16, num_embeddings=IMAGE_CODES, latent_channels=32, base_channels=32,
+                       channel_multiplier=[1, 2], resolution=32, attn_resolutions=[]))
+    model = ChameleonForConditionalGeneration(config).eval()
+    _randomise(model, seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    specials = [n for n in vocab if n.startswith("<")]
+    write_tokenizer(folder / "tokenizer.json", vocab, specials)
+    return model
+
+
+def save_janus_folder(folder: Path, seed: int = 0, grid: int = 4):
+    """A transformers JanusForConditionalGeneration (Llama LM, GQA, VQ-16-style tokenizer) in `folder`."""
+    from transformers import JanusConfig, JanusForConditionalGeneration
+
+    vocab = janus_vocab()
+    text_vocab = 48
+    config = JanusConfig(
+        text_config=dict(model_type="llama", vocab_size=text_vocab, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, bos_token_id=0, pad_token_id=2),
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16 * grid,
+                           patch_size=16, projection_dim=64, num_image_tokens=grid * grid),
+        vq_config=dict(embed_dim=8, num_embeddings=IMAGE_CODES, latent_channels=32, base_channels=32,
+                       channel_multiplier=[1, 2], num_patches=grid, projection_dim=64, image_token_embed_dim=64,
+                       num_res_blocks=1),
+        image_token_id=vocab["<image_placeholder>"])
+    model = JanusForConditionalGeneration(config).eval()
+    _randomise(model, seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    write_tokenizer(folder / "tokenizer.json", vocab, [n for n in vocab if n.startswith("<")])
+    return model
+
+
+def save_deepseek_janus_folder(folder: Path, reference, seed_config: dict | None = None) -> None:
+    """The same Janus weights in DeepSeek's original layout (`language_model.model.*`, `gen_embed`,
+    `gen_aligner.layers.{0,2}`, `gen_head.*`, `gen_vision_model.*` with LlamaGen VQ names) and config."""
+    from safetensors.torch import save_file
+
+    renames = [("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."),
+               ("model.generation_embeddings.", "gen_embed."), ("model.generation_aligner.fc1.", "gen_aligner.layers.0."),
+               ("model.generation_aligner.hidden_layers.0.", "gen_aligner.layers.2."),
+               ("model.generation_head.proj_out.", "gen_head.output_mlp_projector."),
+               ("model.generation_head.vision_head.", "gen_head.vision_head.")]
+    out = {}
+    for key, value in reference.state_dict().items():
+        if key.startswith(("model.vision_model.", "model.aligner.")):
+            continue
+        if key.startswith("model.vqmodel."):
+            out["gen_vision_model." + _llamagen_vq_name(key[len("model.vqmodel."):])] = value
+            continue
+        for old, new in renames:
+            if key.startswith(old):
+                key = new + key[len(old):]
+                break
+        out[key] = value
+    out["gen_vision_model.quantize.codebook_used"] = torch.zeros(65536)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.clone().contiguous() for k, v in out.items()}, str(folder / "model.safetensors"))
+    text = reference.config.text_config
+    vq = reference.config.vq_config
+    config = {"model_type": "multi_modality",
+              "language_config": {"hidden_size": text.hidden_size, "num_hidden_layers": text.num_hidden_layers,
+                                  "num_attention_heads": text.num_attention_heads,
+                                  "num_key_value_heads": text.num_key_value_heads,
+                                  "intermediate_size": text.intermediate_size, "vocab_size": text.vocab_size,
+                                  "rms_norm_eps": text.rms_norm_eps},
+              "gen_aligner_config": {"cls": "MlpProjector", "params": {"depth": 2, "input_dim": vq.embed_dim,
+                                                                       "n_embed": vq.projection_dim,
+                                                                       "projector_type": "mlp_gelu"}},
+              "gen_head_config": {"cls": "vision_head", "params": {"image_token_embed": vq.image_token_embed_dim,
+                                                                   "image_token_size": vq.num_embeddings,
+                                                                   "n_embed": vq.projection_dim}},
+              "gen_vision_config": {"cls": "VQ-16", "params": {"image_token_size": vq.num_embeddings,
+                                                              "n_embed": vq.embed_dim}}}
+    (folder / "config.json").write_text(json.dumps(config))
+    write_tokenizer(folder / "tokenizer.json", janus_vocab(), [n for n in janus_vocab() if n.startswith("<")])
+
+
+def _llamagen_vq_name(key: str) -> str:
+    """transformers' Janus VQ name -> LlamaGen's (DeepSeek's gen_vision_model): down/up -> conv_blocks,
+    block -> res, mid.block_1/attn_1/block_2 -> mid.0/1/2 (decoder levels keep their order)."""
+    import re
+
+    key = re.sub(r"^(encoder)\.down\.", r"\1.conv_blocks.", key)
+    key = re.sub(r"^(decoder)\.up\.", r"\1.conv_blocks.", key)
+    key = re.sub(r"\.block\.(\d+)\.", r".res.\1.", key)
+    return key.replace("mid.block_1.", "mid.0.").replace("mid.attn_1.", "mid.1.").replace("mid.block_2.", "mid.2.")
