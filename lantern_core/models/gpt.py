@@ -188,8 +188,12 @@ class ImageTransformer(Fp32Rope):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
-        self.norm = RMSNorm(config.dim, config.norm_eps)
+
+    def _build_trunk(self) -> None:
+        """Add the blocks and final norm (subclasses call it after their input embeddings, so module
+        order, and with it `init_weights`' random stream, stays LlamaGen's)."""
+        self.layers = nn.ModuleList(TransformerBlock(self.config) for _ in range(self.config.n_layer))
+        self.norm = RMSNorm(self.config.dim, self.config.norm_eps)
 
     def _build_rope(self) -> torch.Tensor:
         c = self.config
@@ -219,6 +223,7 @@ class LlamaGenGPT(ImageTransformer):
         else:
             self.cls_embedding = CaptionEmbedder(config.caption_dim, config.dim, config.cls_token_num)
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self._build_trunk()
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.register_buffer("rope_table", self._build_rope(), persistent=False)  # not in checkpoints, as upstream
 

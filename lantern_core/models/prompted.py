@@ -76,6 +76,7 @@ class PromptedImageLM(ImageTransformer):
             raise ConfigError("GPTConfig.family", f"one of {sorted(IMAGE_IO)} with model_type 'prompt'",
                               f"{config.family!r} / {config.model_type!r}")
         self.tok_embeddings = nn.Embedding(config.text_vocab_size, config.dim)
+        self._build_trunk()
         self.image = IMAGE_IO[config.family](config)
         self.register_buffer("rope_table", self._build_rope(), persistent=False)
 
