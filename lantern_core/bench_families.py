@@ -35,13 +35,13 @@ def family_config(family: str, size: str) -> GPTConfig:
         ("chameleon", "7b"): dict(dim=4096, n_layer=32, n_head=32, ffn_dim=11008, text_vocab_size=65536,
                                   vocab_size=8192, grid_size=32),
         ("janus", "7b"): dict(dim=4096, n_layer=30, n_head=32, ffn_dim=11008, text_vocab_size=102400,
-                              vocab_size=16384, grid_size=24, image_proj_dim=4096),
+                              vocab_size=16384, grid_size=24),
         ("janus", "1b"): dict(dim=2048, n_layer=24, n_head=16, ffn_dim=5632, text_vocab_size=102400,
-                              vocab_size=16384, grid_size=24, image_proj_dim=2048),
+                              vocab_size=16384, grid_size=24),
         ("chameleon", "tiny"): dict(dim=256, n_layer=4, n_head=4, ffn_dim=688, text_vocab_size=8704,
                                     vocab_size=8192, grid_size=16),
         ("janus", "tiny"): dict(dim=256, n_layer=4, n_head=4, ffn_dim=688, text_vocab_size=4096,
-                                vocab_size=16384, grid_size=16, image_proj_dim=256),
+                                vocab_size=16384, grid_size=16),
     }
     shape = shapes[(family, size)]
     extra = dict(qk_norm=True) if family == "chameleon" else dict(image_embed_dim=8)

@@ -281,7 +281,7 @@ def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.devic
                               "this checkpoint lacks the unconditional caption embedding; re-download it")
     with torch.device("meta"):  # no throw-away random init of billions of parameters
         model = LlamaGenGPT(config)
-    load_state_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()},
+    load_state_strict(model, {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},
                       path, GPT_FIX, assign=True)
     model.rope_table = model._build_rope()
     for note in notes:

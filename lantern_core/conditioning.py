@@ -64,7 +64,8 @@ class Prefix:
     padded: bool  # whether any prefix key is masked
 
 
-def _left_pad(ids: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(ids: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (B, T) and mask (B, T) padded on the left to `length` (pad id 0, masked out)."""
     pad = length - ids.shape[1]
     if pad == 0:
         return ids, mask
@@ -84,8 +85,8 @@ def build_prompt_prefix(model: ImageTransformer, condition: Condition, guided: b
     ids, mask = condition.prompt_ids.to(device), condition.prompt_mask.to(device).bool()
     if guided:
         T = max(ids.shape[1], condition.uncond_ids.shape[1])
-        ids, mask = _left_pad(ids, mask, T)
-        u_ids, u_mask = _left_pad(condition.uncond_ids.to(device), condition.uncond_mask.to(device).bool(), T)
+        ids, mask = left_pad(ids, mask, T)
+        u_ids, u_mask = left_pad(condition.uncond_ids.to(device), condition.uncond_mask.to(device).bool(), T)
         ids, mask = torch.cat([ids, u_ids]), torch.cat([mask, u_mask])
     if ids.shape[1] > config.cls_token_num:
         raise ConfigError("prompt", f"at most {config.cls_token_num} tokens (the model's max_prompt_tokens)",

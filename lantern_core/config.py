@@ -39,8 +39,8 @@ class GPTConfig:
 
     Family knobs: `qk_norm` (Chameleon's per-head LayerNorm on q and k), `swin_norm` (norms after the
     sub-layers), `rope_dims` (2 = LlamaGen's 2-D grid RoPE with a zero prefix, 1 = 1-D RoPE over cache
-    slots), `text_vocab_size` (the language model's vocabulary, prompt tokens), `image_embed_dim` and
-    `image_proj_dim` (Janus: codebook embedding width and the aligner / generation-head width).
+    slots), `text_vocab_size` (the language model's vocabulary, prompt tokens), `image_embed_dim` (Janus:
+    the codebook embedding width; its aligner and generation head are `dim` wide).
     """
 
     dim: int = 768
@@ -62,7 +62,6 @@ class GPTConfig:
     swin_norm: bool = False
     rope_dims: int = 2
     image_embed_dim: int = 0
-    image_proj_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
@@ -94,9 +93,9 @@ class GPTConfig:
         if self.model_type == "prompt" and self.text_vocab_size <= 0:
             raise ConfigError("GPTConfig.text_vocab_size", "the language model's vocabulary size (> 0)",
                               self.text_vocab_size)
-        if self.family == "janus" and (self.image_embed_dim <= 0 or self.image_proj_dim <= 0):
-            raise ConfigError("GPTConfig.image_embed_dim", "positive codebook-embedding and projection widths "
-                              "for Janus", (self.image_embed_dim, self.image_proj_dim))
+        if self.family == "janus" and self.image_embed_dim <= 0:
+            raise ConfigError("GPTConfig.image_embed_dim", "the codebook-embedding width (> 0) for Janus",
+                              self.image_embed_dim)
 
     @property
     def head_dim(self) -> int:

@@ -105,18 +105,17 @@ def chameleon_config(cfg: dict, grid: int, max_prompt: int) -> GPTConfig:
 def janus_config(cfg: dict, layout: str, grid: int, max_prompt: int) -> GPTConfig:
     if layout == "hf-janus":
         text, vq = cfg.get("text_config") or {}, cfg.get("vq_config") or {}
-        codes, embed, proj = vq.get("num_embeddings", 16384), vq.get("embed_dim", 8), vq.get("projection_dim")
+        codes, embed = vq.get("num_embeddings", 16384), vq.get("embed_dim", 8)
     else:  # DeepSeek: language_config + gen_*_config {"params": {...}}
         text = cfg.get("language_config") or {}
         head = (cfg.get("gen_head_config") or {}).get("params", {})
         aligner = (cfg.get("gen_aligner_config") or {}).get("params", {})
-        codes, embed, proj = head.get("image_token_size", 16384), aligner.get("input_dim", 8), aligner.get("n_embed")
+        codes, embed = head.get("image_token_size", 16384), aligner.get("input_dim", 8)
         if aligner.get("depth", 2) != 2:
             raise ConfigError("config.json gen_aligner_config.depth", "2 (every Janus-Pro release)", aligner["depth"])
-    shape = _decoder_shape(text, "config.json text/language config")
-    return GPTConfig(**shape, vocab_size=int(codes), model_type="prompt", family="janus", rope_dims=1,
-                     grid_size=grid, cls_token_num=max_prompt, image_embed_dim=int(embed),
-                     image_proj_dim=int(proj or shape["dim"]))
+    return GPTConfig(**_decoder_shape(text, "config.json text/language config"), vocab_size=int(codes),
+                     model_type="prompt", family="janus", rope_dims=1, grid_size=grid, cls_token_num=max_prompt,
+                     image_embed_dim=int(embed))
 
 
 def _janus_grid(cfg: dict) -> int | None:
@@ -190,7 +189,8 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
         vq, vq_source = load_janus_vq(folder, tensors, layout), layout
     with torch.device("meta"):
         model = PromptedImageLM(config)
-    load_state_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, folder, FIX,
+    # cast once, straight to the run dtype (a 7B bf16 checkpoint never passes through float32)
+    load_state_strict(model, {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}, folder, FIX,
                       assign=True)
     model.rope_table = model._build_rope()
     model = model.to(device=device, dtype=dtype).eval()

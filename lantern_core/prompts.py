@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .conditioning import Condition
+from .conditioning import Condition, left_pad
 from .errors import CheckpointError, ConfigError
 
 CHAMELEON_IMAGE_PREFIX = "IMGIMG"
@@ -125,9 +125,5 @@ class PromptEncoder:
 
 def _pad_left(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
     T = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), T, dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, T - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, T - len(r):] = True
-    return ids.to(device), mask.to(device)
+    padded = [left_pad(torch.tensor([r]), torch.ones(1, len(r), dtype=torch.bool), T) for r in rows]
+    return torch.cat([p[0] for p in padded]).to(device), torch.cat([p[1] for p in padded]).to(device)

@@ -44,13 +44,12 @@ class ChameleonImageIO(nn.Module):
 
 class JanusImageIO(nn.Module):
     """Janus' generation path: codebook embedding -> aligner (fc1, GELU, fc2) -> trunk -> head
-    (proj_out, GELU, vision_head)."""
+    (proj_out, GELU, vision_head). Aligner and head are the trunk's width, as in every Janus-Pro release
+    (a checkpoint with other widths fails the strict load with the shapes named)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        V, E, P = config.vocab_size, config.image_embed_dim, config.image_proj_dim
-        if P != config.dim:
-            raise ConfigError("Janus aligner width", f"the language model's hidden size {config.dim}", P)
+        V, E, P = config.vocab_size, config.image_embed_dim, config.dim
         self.embedding = nn.Embedding(V, E)
         self.aligner_fc1 = nn.Linear(E, P)
         self.aligner_fc2 = nn.Linear(P, P)

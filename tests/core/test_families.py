@@ -170,19 +170,16 @@ def test_loader_errors_name_the_problem(tmp_path, chameleon):
         load_prompted(bad)
 
 
-def test_image_token_table_rejects_an_incomplete_vocabulary():
-    from tests.tiny_families import write_tokenizer
-    import tempfile
-    from pathlib import Path
+def test_image_token_table_rejects_an_incomplete_vocabulary(tmp_path):
     from lantern_core.prompts import load_tokenizer
+    from tests.tiny_families import write_tokenizer
 
-    with tempfile.TemporaryDirectory() as d:
-        vocab = chameleon_vocab()
-        vocab.pop("IMGIMGHZ")  # code 7
-        path = Path(d) / "tokenizer.json"
-        write_tokenizer(path, {k: i for i, k in enumerate(vocab)}, ["<s>"])
-        with pytest.raises(CheckpointError, match="63"):
-            chameleon_image_token_ids(load_tokenizer(path), IMAGE_CODES, path)
+    vocab = chameleon_vocab()
+    vocab.pop("IMGIMGHZ")  # code 7
+    path = tmp_path / "tokenizer.json"
+    write_tokenizer(path, {k: i for i, k in enumerate(vocab)}, ["<s>"])
+    with pytest.raises(CheckpointError, match="63"):
+        chameleon_image_token_ids(load_tokenizer(path), IMAGE_CODES, path)
 
 
 def _taming_names(sd: dict[str, torch.Tensor], levels: int) -> dict[str, torch.Tensor]:
