@@ -89,23 +89,47 @@ def ar_law(model, sampling):
     return p0, p1, p2
 
 
-def chi_square_pvalue(counts: torch.Tensor, expected: torch.Tensor, groups: int = 1) -> float:
+def pooled_bins(counts: list[float], expected: list[float], minimum: float = 5.0) -> list[tuple[float, float]]:
+    """(count, expected) bins of one group: cells merged in ascending order of expectation until each bin
+    expects at least `minimum`, so the chi-square approximation holds (a lone hit in a cell expecting 0.01
+    would otherwise dominate the statistic); a short last bin joins the previous one."""
+    bins, acc_c, acc_e = [], 0.0, 0.0
+    for e, c in sorted(zip(expected, counts)):
+        acc_c, acc_e = acc_c + c, acc_e + e
+        if acc_e >= minimum:
+            bins.append((acc_c, acc_e))
+            acc_c, acc_e = 0.0, 0.0
+    if acc_e > 0:
+        if bins:
+            c, e = bins.pop()
+            bins.append((c + acc_c, e + acc_e))
+        else:
+            bins.append((acc_c, acc_e))
+    return bins
+
+
+def chi_square_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """Chi-square over groups (rows of (G, C) tables), each conditioned on its own total."""
     keep = expected > 0
     assert (counts[~keep] == 0).all(), "a token the target gives probability 0 was emitted"
-    stat = float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
-    return float(chi2.sf(stat, int(keep.sum()) - groups))
+    stat, dof = 0.0, 0
+    for c_row, e_row, k_row in zip(counts, expected, keep):
+        bins = pooled_bins(c_row[k_row].tolist(), e_row[k_row].tolist())
+        stat += sum((c - e) ** 2 / e for c, e in bins)
+        dof += max(len(bins) - 1, 0)
+    return float(chi2.sf(stat, max(dof, 1)))
 
 
 def law_pvalues(samples, p0, p1, p2):
     V = SMALL.vocab_size
     x0, x1, x2, accepted = samples.unbind(1)
     joint = torch.bincount(x0 * V + x1, minlength=V * V).double()
-    first = chi_square_pvalue(joint, (p0[:, None] * p1).reshape(-1).double() * SAMPLES)
+    first = chi_square_pvalue(joint[None], (p0[:, None] * p1).reshape(1, -1).double() * SAMPLES)
     deep = accepted >= 1  # given (x0, x1) with x1 a drafted token, x2 must follow p(. | x0, x1)
     pair_counts = torch.bincount(x0[deep] * V + x1[deep], minlength=V * V).double()
     triple = torch.bincount((x0[deep] * V + x1[deep]) * V + x2[deep], minlength=V ** 3).double()
-    expected = (pair_counts[:, None] * p2.reshape(V * V, V).double()).reshape(-1)
-    second = chi_square_pvalue(triple, expected, groups=int((pair_counts > 0).sum()))
+    expected = pair_counts[:, None] * p2.reshape(V * V, V).double()  # (V*V pairs, V)
+    second = chi_square_pvalue(triple.view(V * V, V), expected)
     return first, second, float(deep.double().mean())
 
 
