@@ -50,6 +50,11 @@ class Condition:
         mask = None if self.caption_mask is None else self.caption_mask[i:i + 1]
         return Condition(caption=self.caption[i:i + 1], caption_mask=mask)
 
+    def to(self, device: torch.device | str) -> "Condition":
+        """The same condition with every tensor on `device`."""
+        return Condition(**{f: None if getattr(self, f) is None else getattr(self, f).to(device)
+                            for f in self.__dataclass_fields__})
+
     @property
     def batch(self) -> int:
         for value in (self.labels, self.caption, self.prompt_ids):

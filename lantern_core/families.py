@@ -139,12 +139,19 @@ def load_janus_vq(folder: Path, tensors: dict[str, torch.Tensor], layout: str) -
 
 
 def load_chameleon_vq(folder: Path) -> tuple[VQModel | None, str | None]:
+    """Chameleon's VQGAN from the model folder (see VQGAN_NAMES), or (None, None) when it has none."""
     path = find_file(folder, VQGAN_NAMES)
     if path is None:
         return None, None
+    return load_chameleon_vqgan(path), str(path)
+
+
+def load_chameleon_vqgan(path: Path) -> VQModel:
+    """A Chameleon VQGAN file in Meta's taming layout (`vqgan.ckpt` Lightning `state_dict`, discriminator
+    `loss.*` entries dropped, or the same names in `.safetensors`), strictly."""
     raw = read_checkpoint(path)
     sd = {k: v.float() for k, v in raw.tensors.items() if not k.startswith("loss.")}
-    return _build_vq(path, taming_to_ours(sd, decoder_from_highest=True), l2_norm=False), str(path)
+    return _build_vq(path, taming_to_ours(sd, decoder_from_highest=True), l2_norm=False)
 
 
 def _build_vq(path: Path, sd: dict[str, torch.Tensor], l2_norm: bool) -> VQModel:
@@ -159,8 +166,10 @@ def _build_vq(path: Path, sd: dict[str, torch.Tensor], l2_norm: bool) -> VQModel
 
 
 def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                  grid_size: int | None = None, max_prompt_tokens: int = DEFAULT_MAX_PROMPT) -> LoadedPrompted:
-    """Load a Chameleon / Janus-Pro folder strictly: model, prompt encoder and (when present) VQ decoder."""
+                  grid_size: int | None = None, max_prompt_tokens: int = DEFAULT_MAX_PROMPT,
+                  vq_dtype: torch.dtype | None = None) -> LoadedPrompted:
+    """Load a Chameleon / Janus-Pro folder strictly: model, prompt encoder and (when present) VQ decoder
+    (in `vq_dtype`, default the model's dtype)."""
     folder = Path(folder)
     family, layout = detect_family(folder)
     cfg = read_config(folder)
@@ -195,7 +204,7 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     model.rope_table = model._build_rope()
     model = model.to(device=device, dtype=dtype).eval()
     if vq is not None:
-        vq = vq.to(device=device, dtype=dtype)
+        vq = vq.to(device=device, dtype=vq_dtype or dtype)
     for note in notes:
         log.info("%s: %s", folder.name, note)
     encoder = PromptEncoder(tokenizer, FORMATS[family], tokenizer_path)

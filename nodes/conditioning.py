@@ -1,4 +1,5 @@
-"""LanternConditioning: class names/indices (c2i) or a prompt (t2i) -> LANTERN_COND."""
+"""LanternConditioning: class names/indices (c2i) or a prompt (t2i: Flan-T5 features; Chameleon and
+Janus-Pro: the model's tokenizer and template) -> LANTERN_COND."""
 from __future__ import annotations
 
 import torch
@@ -37,6 +38,8 @@ def encode(model: LanternModel, class_text: str, prompt: str) -> LanternCond:
         return LanternCond(described, labels=torch.tensor(labels, dtype=torch.long))
     if not prompt.strip():
         raise LanternError(f"'{model.name}' is a text-to-image model: write a prompt")
+    if model.config.model_type == "prompt":
+        return encode_prompt(model, prompt)
     runtime.place([model.text_encoder])
     from ..lantern_core.text_encoder import T5CaptionEncoder
 
@@ -47,6 +50,16 @@ def encode(model: LanternModel, class_text: str, prompt: str) -> LanternCond:
     return LanternCond([prompt], caption=cond.caption.cpu(), caption_mask=cond.caption_mask.cpu())
 
 
+def encode_prompt(model: LanternModel, prompt: str) -> LanternCond:
+    """Prompted families: the model's own tokenizer and template, with its unconditional (CFG) row."""
+    condition = model.prompt_encoder.encode([prompt])
+    limit = model.config.cls_token_num
+    if condition.prompt_ids.shape[1] > limit:
+        raise ConfigError("prompt", f"at most {limit} tokens with the {model.family} template",
+                          f"{condition.prompt_ids.shape[1]} tokens", "shorten the prompt")
+    return LanternCond([prompt], prompt=condition)
+
+
 def condition_inputs() -> list:
     """The class/prompt widgets, shared with the one-node generator."""
     return [
@@ -54,7 +67,8 @@ def condition_inputs() -> list:
                         tooltip="c2i models: class name or index, e.g. 'cat' or '207'; several separated "
                                 "by commas make a batch. Ignored by t2i models."),
         io.String.Input("prompt", default="", multiline=True,
-                        tooltip="t2i models: the caption. Ignored by class-conditional models."),
+                        tooltip="Text-to-image models (LlamaGen t2i, Anole, Janus-Pro): the prompt. Ignored by "
+                                "class-conditional models."),
     ]
 
 

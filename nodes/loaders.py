@@ -8,20 +8,43 @@ from comfy_api.latest import io
 from . import paths, runtime
 from .types import LanternModelType
 
-DESCRIPTION = ("Loads a visual autoregressive model (LlamaGen c2i/t2i, or the embedded default) with its VQ "
-               "tokenizer and, for text-to-image models, its Flan-T5 text encoder. Size, type and grid are read "
-               "from the files. Files go in models/lantern/checkpoints, models/lantern/vq and "
-               "models/lantern/text_encoders.")
+DESCRIPTION = ("Loads a visual autoregressive model (LlamaGen c2i/t2i, Anole / Chameleon, Janus-Pro, or the "
+               "embedded default) with its VQ tokenizer and, for LlamaGen text-to-image models, its Flan-T5 text "
+               "encoder. Family, size and grid are read from the files. LlamaGen files go in "
+               "models/lantern/checkpoints, models/lantern/vq and models/lantern/text_encoders; Anole and "
+               "Janus-Pro are their downloaded folders (config.json, tokenizer.json, *.safetensors) in "
+               "models/lantern/checkpoints, which hold their own tokenizers.")
 
 
 DTYPE_CHOICES = ["auto", *runtime.DTYPES]
 
 
-def resolve_files(checkpoint: str, vq_tokenizer: str, text_encoder: str) -> tuple[Path, Path, Path | None]:
-    """Combo choices -> (GPT, VQ, T5 or None) paths, or a LanternError that names the folder to use."""
+def resolve_family_vq(folder: Path, family: str, vq_tokenizer: str) -> Path | None:
+    """Prompted families: None = the VQ inside the folder (Janus-Pro's checkpoint, Chameleon's vqgan file),
+    or a Chameleon VQGAN chosen from models/lantern/vq."""
+    from ..lantern_core.errors import LanternError
+    from ..lantern_core.families import VQGAN_NAMES, find_file
+
+    if vq_tokenizer != "auto":
+        if family == "janus":
+            raise LanternError(f"Janus-Pro's image tokenizer is inside '{folder.name}': set vq_tokenizer to 'auto'")
+        return paths.resolve("lantern_vq", vq_tokenizer)
+    if family == "chameleon" and find_file(folder, VQGAN_NAMES) is None:
+        raise LanternError(f"'{folder.name}' has no Chameleon VQGAN: copy vqgan.ckpt (or vqgan.safetensors) from "
+                           "the model's download into the folder (or its tokenizer/ subfolder), or put it in "
+                           "models/lantern/vq and choose it in vq_tokenizer")
+    return None
+
+
+def resolve_files(checkpoint: str, vq_tokenizer: str, text_encoder: str) -> tuple[Path, Path | None, Path | None]:
+    """Combo choices -> (GPT, VQ, T5 or None) paths, or a LanternError that names the folder to use. For a
+    prompted family's folder the VQ is None when it comes from the folder and the T5 is always None."""
     from ..lantern_core.errors import LanternError
 
     gpt_path = paths.resolve("lantern_checkpoints", checkpoint)  # a missing checkpoint is reported first
+    family = paths.family_folder(gpt_path)
+    if family is not None:
+        return gpt_path, resolve_family_vq(gpt_path, family, vq_tokenizer), None
     if vq_tokenizer == "auto" and checkpoint != paths.EMBEDDED:
         raise LanternError(f"choose the VQ tokenizer for '{checkpoint}' in vq_tokenizer (put vq_ds16_c2i.pt or "
                            "vq_ds16_t2i.pt in models/lantern/vq); 'auto' only fits the embedded model")
@@ -40,14 +63,16 @@ class LanternModelLoader(io.ComfyNode):
             description=DESCRIPTION,
             inputs=[
                 io.Combo.Input("checkpoint", options=paths.list_checkpoints(), default=paths.EMBEDDED,
-                               tooltip="Target model: a LlamaGen .pt/.safetensors file or an HF folder in "
+                               tooltip="Target model: a LlamaGen .pt/.safetensors file, or a model folder "
+                                       "(LlamaGen HF, Anole-7b-v0.1-hf, Janus-Pro-1B/7B) in "
                                        "models/lantern/checkpoints. The embedded default needs no files."),
                 io.Combo.Input("vq_tokenizer", options=paths.list_vq(), default="auto",
-                               tooltip="VQ tokenizer file in models/lantern/vq (vq_ds16_c2i.pt, vq_ds16_t2i.pt). "
-                                       "'auto' is right for the embedded model only."),
+                               tooltip="VQ tokenizer file in models/lantern/vq (vq_ds16_c2i.pt, vq_ds16_t2i.pt, "
+                                       "or Chameleon's vqgan.ckpt). 'auto' is right for the embedded model and "
+                                       "for Anole / Janus-Pro folders, whose image tokenizer is in the folder."),
                 io.Combo.Input("text_encoder", options=paths.list_text_encoders(), default=paths.NONE,
-                               tooltip="Flan-T5-XL folder in models/lantern/text_encoders; needed by "
-                                       "text-to-image models, ignored by class-conditional ones."),
+                               tooltip="Flan-T5-XL folder in models/lantern/text_encoders; needed by LlamaGen "
+                                       "text-to-image models, ignored by the others."),
                 io.Combo.Input("dtype", options=DTYPE_CHOICES, default="auto",
                                tooltip="Weight precision. 'auto' follows ComfyUI: bf16 on GPUs that support it, "
                                        "fp32 on CPU."),
@@ -71,5 +96,8 @@ class LanternModelLoader(io.ComfyNode):
     @classmethod
     def execute(cls, checkpoint: str, vq_tokenizer: str, text_encoder: str, dtype: str) -> io.NodeOutput:
         gpt_path, vq_path, t5_path = resolve_files(checkpoint, vq_tokenizer, text_encoder)
-        model = runtime.load_model(gpt_path, vq_path, t5_path, runtime.choose_dtype(dtype), name=checkpoint)
+        if paths.family_folder(gpt_path) is not None:
+            model = runtime.load_family_model(gpt_path, vq_path, runtime.choose_dtype(dtype), name=checkpoint)
+        else:
+            model = runtime.load_model(gpt_path, vq_path, t5_path, runtime.choose_dtype(dtype), name=checkpoint)
         return io.NodeOutput(model)

@@ -61,6 +61,19 @@ def _weight_files(name: str) -> list[str]:
             if Path(f).suffix.lower() in WEIGHT_SUFFIXES and not inside_model_dir(f)]
 
 
+def family_folder(path: Path) -> str | None:
+    """The prompted family ("chameleon", "janus") of a model folder, or None for anything else."""
+    from ..lantern_core.errors import LanternError
+    from ..lantern_core.families import detect_family
+
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        return None
+    try:
+        return detect_family(path)[0]
+    except LanternError:
+        return None
+
+
 def list_checkpoints() -> list[str]:
     return [EMBEDDED] + _weight_files("lantern_checkpoints") + _model_dirs("lantern_checkpoints")
 

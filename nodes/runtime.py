@@ -85,6 +85,33 @@ def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, dt
         return handle
 
 
+def load_family_model(folder: Path, vq_path: Path | None, dtype: torch.dtype, name: str) -> LanternModel:
+    """Load (or reuse) a prompted-family folder (Anole / Chameleon, Janus-Pro): model, its tokenizer and
+    template, and its image tokenizer (from the folder, or a Chameleon VQGAN file from models/lantern/vq)."""
+    from ..lantern_core.families import load_chameleon_vqgan, load_prompted
+
+    key = ("family", str(folder), str(vq_path), str(dtype))
+    with _REGISTRY_LOCK:
+        cached = _REGISTRY.get(key)
+        if cached is not None:
+            return cached
+        offload = mm.unet_offload_device()
+        loaded = load_prompted(folder, device=offload, dtype=dtype, vq_dtype=torch.float32)
+        vq = loaded.vq if vq_path is None else load_chameleon_vqgan(vq_path).to(offload)
+        from ..lantern_core.errors import LanternError
+
+        if vq is None:
+            raise LanternError(f"'{name}' has no image tokenizer: put Chameleon's vqgan.ckpt in the folder or "
+                               "choose it in vq_tokenizer")
+        if vq.config.codebook_size != loaded.config.vocab_size:
+            raise LanternError(f"the image tokenizer {vq_path or folder} has {vq.config.codebook_size} codes but "
+                               f"'{name}' draws {loaded.config.vocab_size}: choose the VQGAN released with the model")
+        handle = LanternModel(name=name, gpt=_patcher(loaded.model), vq=_patcher(vq), text_encoder=None,
+                              tokenizer=None, dtype=dtype, prompt_encoder=loaded.encoder)
+        _REGISTRY[key] = handle
+        return handle
+
+
 def load_drafter(path: Path, model: LanternModel, name: str) -> LanternDrafter:
     """Load (or reuse) a drafter for `model`, in the target's dtype; refuses one that does not fit it."""
     from ..lantern_core.drafter_io import load_drafter as load

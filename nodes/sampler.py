@@ -47,6 +47,12 @@ def sampling_config(cfg: float, temperature: float, top_k: int, top_p: float) ->
 def expand(cond: LanternCond, batch_size: int) -> tuple[Condition, list[str]]:
     """Repeat every conditioning entry batch_size times (entry-major)."""
     desc = [d for d in cond.description for _ in range(batch_size)]
+    if cond.prompt is not None:
+        c = cond.prompt
+        return Condition(prompt_ids=c.prompt_ids.repeat_interleave(batch_size, 0),
+                         prompt_mask=c.prompt_mask.repeat_interleave(batch_size, 0),
+                         uncond_ids=c.uncond_ids.repeat_interleave(batch_size, 0),
+                         uncond_mask=c.uncond_mask.repeat_interleave(batch_size, 0)), desc
     if cond.labels is not None:
         return Condition(labels=cond.labels.repeat_interleave(batch_size)), desc
     return Condition(caption=cond.caption.repeat_interleave(batch_size, 0),
@@ -137,10 +143,7 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
         memory = estimate_run_bytes(model.config, 1 if speculative else condition.batch, sampling.uses_cfg,
                                     model.dtype)
         device = runtime.place(patchers, memory_required=memory)
-        condition = Condition(
-            labels=None if condition.labels is None else condition.labels.to(device),
-            caption=None if condition.caption is None else condition.caption.to(device),
-            caption_mask=None if condition.caption_mask is None else condition.caption_mask.to(device))
+        condition = condition.to(device)
         n_tokens = model.config.num_image_tokens
         on_step = runtime.progress_callback(n_tokens * (condition.batch if speculative else 1),
                                             _preview_decoder(model, device) if previews else None,

@@ -19,20 +19,27 @@ LanternDrafterType = io.Custom("LANTERN_DRAFTER")
 
 @dataclass
 class LanternModel:
-    """A loaded target model: GPT, VQ tokenizer and (t2i) text encoder, each in its own ModelPatcher."""
+    """A loaded target model: GPT, VQ tokenizer and (t2i) text encoder, each in its own ModelPatcher;
+    prompted families (Chameleon, Janus-Pro) carry their prompt encoder (tokenizer + template) instead."""
 
     name: str
-    gpt: object  # comfy.model_patcher.ModelPatcher around lantern_core.LlamaGenGPT
+    gpt: object  # comfy.model_patcher.ModelPatcher around lantern_core.LlamaGenGPT or PromptedImageLM
     vq: object  # ModelPatcher around lantern_core.VQModel
     text_encoder: object | None  # ModelPatcher around the T5 encoder, t2i only
     tokenizer: object | None
     class_names: list[str] = field(default_factory=list)
     dtype: torch.dtype = torch.float32
     neighbor_tables: dict = field(default_factory=dict, repr=False)  # k -> (V, k) table, read once per model
+    prompt_encoder: object | None = None  # lantern_core.prompts.PromptEncoder, prompted families only
 
     @property
     def config(self):
         return self.gpt.model.config
+
+    @property
+    def family(self) -> str:
+        """"llamagen", "chameleon" or "janus"."""
+        return self.config.family
 
     @property
     def image_size(self) -> int:
@@ -45,12 +52,14 @@ def target_key(model: LanternModel) -> tuple:
 
 @dataclass
 class LanternCond:
-    """What to draw: class labels (c2i) or encoded, left-padded captions (t2i), on the CPU."""
+    """What to draw: class labels (c2i), encoded left-padded captions (t2i) or a prompted family's
+    tokenised prompt with its unconditional row (lantern_core Condition), on the CPU."""
 
     description: list[str]
     labels: torch.Tensor | None = None  # (B,)
     caption: torch.Tensor | None = None  # (B, T, C)
     caption_mask: torch.Tensor | None = None  # (B, T)
+    prompt: object | None = None  # lantern_core.conditioning.Condition with prompt_ids, prompted families
 
 
 @dataclass

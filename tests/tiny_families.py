@@ -87,6 +87,43 @@ def save_chameleon_folder(folder: Path, swin_norm: bool = False, seed: int = 0, 
     return model
 
 
+def taming_names(sd: dict[str, torch.Tensor], levels: int) -> dict[str, torch.Tensor]:
+    """Our VQ names -> taming's (decoder levels counted from the highest resolution), for writing a
+    Chameleon-style vqgan.ckpt from known weights."""
+    import re
+
+    out = {}
+    for key, value in sd.items():
+        m = re.fullmatch(r"(encoder|decoder)\.conv_blocks\.(\d+)\.(res|attn|downsample|upsample)(.*)", key)
+        if m:
+            top, level, kind, rest = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+            level = levels - 1 - level if top == "decoder" else level
+            key = f"{top}.{'down' if top == 'encoder' else 'up'}.{level}.{'block' if kind == 'res' else kind}{rest}"
+        elif m := re.fullmatch(r"(encoder|decoder)\.mid\.(\d)\.(.*)", key):
+            key = f"{m.group(1)}.mid.{['block_1', 'attn_1', 'block_2'][int(m.group(2))]}.{m.group(3)}"
+        out[key] = value
+    return out
+
+
+def save_chameleon_vqgan(path: Path, seed: int = 4):
+    """A tiny Chameleon VQGAN (IMAGE_CODES codes, 2 levels: 4x downsampling) written as Meta's
+    `vqgan.ckpt` (Lightning `state_dict` in the taming layout, with a discriminator `loss.*` entry);
+    returns our VQModel holding the same weights."""
+    from lantern_core.config import VQConfig
+    from lantern_core.models.vq import VQModel
+
+    config = VQConfig(codebook_size=IMAGE_CODES, codebook_embed_dim=16, codebook_l2_norm=False,
+                      codebook_show_usage=False, ch=32, encoder_ch_mult=(1, 2), decoder_ch_mult=(1, 2),
+                      z_channels=32, num_res_blocks=1, level_attention=False)
+    source = VQModel(config).eval()
+    _randomise(source, seed=seed)
+    sd = taming_names(source.state_dict(), levels=2)
+    sd["loss.discriminator.main.0.weight"] = torch.zeros(2, 2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": sd, "global_step": 10}, path)
+    return source, sd
+
+
 def save_janus_folder(folder: Path, seed: int = 0, grid: int = 4):
     """A transformers JanusForConditionalGeneration (Llama LM, GQA, VQ-16-style tokenizer) in `folder`."""
     from transformers import JanusConfig, JanusForConditionalGeneration

@@ -182,45 +182,18 @@ def test_image_token_table_rejects_an_incomplete_vocabulary(tmp_path):
         chameleon_image_token_ids(load_tokenizer(path), IMAGE_CODES, path)
 
 
-def _taming_names(sd: dict[str, torch.Tensor], levels: int) -> dict[str, torch.Tensor]:
-    """Our VQ names -> taming's (decoder levels counted from the highest resolution), for writing a
-    Chameleon-style vqgan.ckpt from known weights."""
-    import re
-
-    out = {}
-    for key, value in sd.items():
-        m = re.fullmatch(r"(encoder|decoder)\.conv_blocks\.(\d+)\.(res|attn|downsample|upsample)(.*)", key)
-        if m:
-            top, level, kind, rest = m.group(1), int(m.group(2)), m.group(3), m.group(4)
-            level = levels - 1 - level if top == "decoder" else level
-            key = f"{top}.{'down' if top == 'encoder' else 'up'}.{level}.{'block' if kind == 'res' else kind}{rest}"
-        elif m := re.fullmatch(r"(encoder|decoder)\.mid\.(\d)\.(.*)", key):
-            key = f"{m.group(1)}.mid.{['block_1', 'attn_1', 'block_2'][int(m.group(2))]}.{m.group(3)}"
-        out[key] = value
-    return out
-
-
 def test_chameleon_vqgan_loads_from_a_taming_checkpoint_and_encodes_like_transformers(tmp_path):
     """Chameleon's VQGAN (taming layout, as Meta's vqgan.ckpt: Lightning `state_dict` with `loss.*`
     discriminator entries) loads strictly; its encoder + quantiser give the same codes as transformers'
     ChameleonVQVAE holding the same weights, and the decoder is the one written (decode round trip)."""
     from transformers import ChameleonVQVAE, ChameleonVQVAEConfig
 
-    from lantern_core.config import VQConfig
     from lantern_core.families import load_chameleon_vq
-    from lantern_core.models.vq import VQModel
-    from tests.tiny_families import _randomise
+    from tests.tiny_families import save_chameleon_vqgan
 
-    config = VQConfig(codebook_size=IMAGE_CODES, codebook_embed_dim=16, codebook_l2_norm=False,
-                      codebook_show_usage=False, ch=32, encoder_ch_mult=(1, 2), decoder_ch_mult=(1, 2),
-                      z_channels=32, num_res_blocks=1, level_attention=False)
-    source = VQModel(config).eval()
-    _randomise(source, seed=4)
-    sd = _taming_names(source.state_dict(), levels=2)
-    sd["loss.discriminator.main.0.weight"] = torch.zeros(2, 2)
-    torch.save({"state_dict": sd, "global_step": 10}, tmp_path / "vqgan.ckpt")
+    source, sd = save_chameleon_vqgan(tmp_path / "vqgan.ckpt")
     vq, where = load_chameleon_vq(tmp_path)
-    assert where.endswith("vqgan.ckpt") and vq.config == config
+    assert where.endswith("vqgan.ckpt") and vq.config == source.config
     reference = ChameleonVQVAE(ChameleonVQVAEConfig(
         embed_dim=16, num_embeddings=IMAGE_CODES, latent_channels=32, base_channels=32, channel_multiplier=[1, 2],
         num_res_blocks=1, resolution=16, attn_resolutions=[])).eval()

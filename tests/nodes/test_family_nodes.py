@@ -1,0 +1,112 @@
+"""Prompted families through the nodes: tiny Janus-Pro and Anole (Chameleon) folders, written by
+transformers' own classes as downloaded model folders, placed in models/lantern/checkpoints, recognised
+by Lantern: Load Model, prompted through Lantern: Conditioning with each family's template and CFG row,
+sampled in AR and training-free Jacobi modes, and decoded to IMAGE."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lantern_core.conditioning import Condition
+from lantern_core.config import SamplingConfig
+from lantern_core.families import load_prompted
+from lantern_core.generate import generate
+from lantern_core.sampling import make_generators
+from tiny_families import save_chameleon_folder, save_chameleon_vqgan, save_janus_folder
+
+JANUS, ANOLE, ANOLE_NO_VQ = "Janus-Pro-tiny", "Anole-tiny", "Anole-tiny-no-vqgan"
+
+
+@pytest.fixture(scope="module")
+def folders(pack):
+    import folder_paths
+
+    root = Path(folder_paths.get_folder_paths("lantern_checkpoints")[0])
+    save_janus_folder(root / JANUS, seed=1, grid=4)
+    save_chameleon_folder(root / ANOLE, seed=2)
+    save_chameleon_vqgan(root / ANOLE / "tokenizer" / "vqgan.ckpt")
+    save_chameleon_folder(root / ANOLE_NO_VQ, seed=3)
+    return root
+
+
+def load(node, name, vq="auto"):
+    return node["LanternModelLoader"].execute(checkpoint=name + "/", vq_tokenizer=vq, text_encoder="none",
+                                              dtype="fp32").args[0]
+
+
+def sample(node, model, prompt, decoding=None, **overrides):
+    cond = node["LanternConditioning"].execute(model=model, class_name="0", prompt=prompt).args[0]
+    kwargs = {**dict(cfg=5.0, temperature=0.0, top_k=0, top_p=1.0, seed=0, batch_size=2), **overrides}
+    return node["LanternSampler"].execute(model=model, conditioning=cond, decoding=decoding, **kwargs)
+
+
+def test_loader_lists_family_folders_and_names_missing_parts(node, folders):
+    loader = node["LanternModelLoader"]
+    options = {i.id: i.options for i in loader.define_schema().inputs if hasattr(i, "options")}
+    assert {JANUS + "/", ANOLE + "/", ANOLE_NO_VQ + "/"} <= set(options["checkpoint"])
+    assert loader.validate_inputs(checkpoint=JANUS + "/", vq_tokenizer="auto", text_encoder="none",
+                                  dtype="auto") is True
+    message = loader.validate_inputs(checkpoint=ANOLE_NO_VQ + "/", vq_tokenizer="auto", text_encoder="none",
+                                     dtype="auto")
+    assert "vqgan.ckpt" in message and ANOLE_NO_VQ in message
+    (folders.parent / "vq").mkdir(parents=True, exist_ok=True)
+    (folders.parent / "vq" / "other.safetensors").write_bytes(b"")
+    message = loader.validate_inputs(checkpoint=JANUS + "/", vq_tokenizer="other.safetensors",
+                                     text_encoder="none", dtype="auto")
+    assert "'auto'" in message and "Janus" in message
+
+
+def test_janus_folder_runs_through_the_nodes_like_the_library(node, folders):
+    model = load(node, JANUS)
+    assert model.family == "janus" and model.prompt_encoder is not None and model.text_encoder is None
+    assert load(node, JANUS) is model  # identical loads share one copy
+    from lantern_pack.lantern_core.errors import LanternError
+
+    with pytest.raises(LanternError, match="prompt"):
+        node["LanternConditioning"].execute(model=model, class_name="0", prompt="   ")
+    cond = node["LanternConditioning"].execute(model=model, class_name="0", prompt="a red cat").args[0]
+    ids, uncond = cond.prompt.prompt_ids[0], cond.prompt.uncond_ids[0]
+    assert ids.shape == uncond.shape and ids[0] == uncond[0] and ids[-1] == uncond[-1]  # BOS ... <begin_of_image>
+    assert (uncond[1:-1] == model.prompt_encoder.tokenizer.token_to_id("<｜▁pad▁｜>")).all()
+
+    tokens, stats = sample(node, model, "a red cat").args[:2]
+    other = sample(node, model, "a blue dog").args[0]
+    assert tokens.tokens.shape == (2, 16) and torch.equal(tokens.tokens[0], tokens.tokens[1])
+    assert not torch.equal(tokens.tokens, other.tokens) and "ar: 2 x 16 tokens" in stats
+    # the same run straight through lantern_core gives the same tokens
+    loaded = load_prompted(folders / JANUS)
+    condition = loaded.encoder.encode(["a red cat"])
+    expected = generate(loaded.model, Condition(**{f: getattr(condition, f).repeat(2, 1) for f in
+                                                   ("prompt_ids", "prompt_mask", "uncond_ids", "uncond_mask")}),
+                        SamplingConfig(cfg_scale=5.0, temperature=0.0), make_generators(0, 2, torch.device("cpu")))
+    assert torch.equal(tokens.tokens, expected.tokens)
+
+    image = node["LanternDecode"].execute(tokens=tokens).args[0]
+    side = 4 * model.vq.model.config.downsample
+    assert image.shape == (2, side, side, 3) and 0 <= float(image.min()) and float(image.max()) <= 1
+
+
+@pytest.mark.parametrize("mode", ["sjd", "sjd_coupled"])
+def test_training_free_modes_on_janus_match_greedy_ar(node, folders, mode):
+    model = load(node, JANUS)
+    ar = sample(node, model, "a photo of the sky").args[0]
+    dec = node["LanternDecodingConfig"].execute(mode=mode, drafter=None, tree="auto", chain_length=4,
+                                                custom_tree="[[0]]", lantern_k=10, delta=0.1, lam=5.0,
+                                                eagle_depth=4, eagle_top_k=4, eagle_nodes=12).args[0]
+    jac, stats = sample(node, model, "a photo of the sky", decoding=dec).args[:2]
+    assert torch.equal(jac.tokens, ar.tokens) and stats.startswith(mode)
+
+
+def test_anole_folder_with_its_vqgan_generates_images(node, folders):
+    model = load(node, ANOLE)
+    assert model.family == "chameleon" and model.config.grid_size == 32
+    tokens = sample(node, model, "a painting of a dog", cfg=3.0, temperature=1.0, top_k=20, batch_size=1,
+                    seed=7).args[0]
+    again = sample(node, model, "a painting of a dog", cfg=3.0, temperature=1.0, top_k=20, batch_size=1,
+                   seed=7).args[0]
+    assert tokens.tokens.shape == (1, 1024) and torch.equal(tokens.tokens, again.tokens)
+    assert tokens.tokens.unique().numel() > 8  # sampled, not collapsed
+    image = node["LanternDecode"].execute(tokens=tokens).args[0]
+    assert image.shape == (1, 32 * model.vq.model.config.downsample, 32 * model.vq.model.config.downsample, 3)
