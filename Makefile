@@ -43,17 +43,20 @@ test: $(HOST_STAMP) browser
 serve: $(HOST_STAMP)
 	$(PY) tests/host/comfy_server.py serve --port 8188
 
-## Benchmarks on this CPU -> bench/results/{ar,speculative}_cpu_float32.{json,md}
+## Benchmarks on this CPU -> bench/results/{ar,speculative,families}_cpu_float32.{json,md}
 ## (AR overhead and cost curve; then AR vs EAGLE-2 / static tree / LANTERN / LANTERN++ / SJD / coupled and relaxed
-## Jacobi, 128 images per row, interleaved).
+## Jacobi, 128 images per row, interleaved; then the Anole / Lumina-mGPT / Janus-Pro shapes, tiny and random).
 bench: $(STAMP)
 	$(PY) -m lantern_core.bench --out bench/results
 	$(PY) -m lantern_core.bench_speculative --out bench/results
+	$(PY) -m lantern_core.bench_families --out bench/results
 
-## The GPU variant (< 5 min on one GPU) -> bench/results/ar_cuda_bfloat16.{json,md}.
+## The GPU variant -> bench/results/{ar,speculative,families}_cuda_bfloat16.{json,md}; the families part builds
+## Anole-7B, Lumina-mGPT-7B, Janus-Pro-1B and 7B shapes with random bf16 weights (one at a time, ~15 GB each).
 bench-cuda: $(STAMP)
 	$(PY) -m lantern_core.bench --device cuda --dtype bfloat16 --out bench/results
 	$(PY) -m lantern_core.bench_speculative --device cuda --dtype bfloat16 --out bench/results
+	$(PY) -m lantern_core.bench_families --device cuda --dtype bfloat16 --images 1 --out bench/results
 
 ## Re-train the embedded default model (~20 min on 2 CPU cores; deterministic).
 train-default: $(STAMP)

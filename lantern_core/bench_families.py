@@ -1,11 +1,15 @@
-"""Benchmark of the prompted families (Chameleon / Anole, Janus-Pro) on the shared machinery.
+"""Benchmark of the prompted families (Anole / Chameleon, Lumina-mGPT, Janus-Pro) on the shared machinery.
 
 For each family, a random-weight model of the family's shape (tiny on the CPU; the released sizes in
 bf16 on a GPU) is timed side by side in one run: the forward-cost curve (one forward over n tokens at a
-mid-image context, CFG rows) and whole images with plain AR, SJD and coupled SJD (auto window). Random
-weights say nothing about image quality or the acceptance a trained model reaches; what this measures is
-the machinery's cost per family (QK-norm, the Janus aligner/head, the 65k-vocabulary rows, prompt
-prefill) and that every decoder runs on every family. Results: bench/results/families_<device>_<dtype>.
+mid-image context, CFG rows) and whole images with plain AR, SJD and coupled SJD (auto window), and the
+drafter modes (exact static tree, LANTERN++ with k = 10, lambda = 5 over a random codebook's
+neighbours) with a drafter trained for `--train-steps` on the model's own samples (EAGLE's recipe, as
+`train_drafter`). The random weights are drawn with a large std so next-token distributions are peaked
+(about 3 nats, top token ~0.3) rather than uniform; they still say nothing about image quality or the
+acceptance a trained model reaches. What this measures is the machinery's cost per family (QK-norm, the
+Janus aligner/head, Lumina's end-of-row tokens, prompt prefill) and that every decoder runs on every
+family. Results: bench/results/families_<device>_<dtype>.
 """
 from __future__ import annotations
 
@@ -19,33 +23,46 @@ import torch
 
 from .bench import machine_info, write_report
 from .conditioning import Condition
-from .config import GPTConfig, SamplingConfig
+from .config import DrafterConfig, GPTConfig, SamplingConfig
 from .generate import generate, synchronize
 from .jacobi import JacobiConfig, jacobi_generate
 from .jacobi_window import curve_sizes
+from .models.drafter import EagleDrafter
 from .models.prompted import PromptedImageLM
+from .neighbors import build_neighbors
+from .relaxation import Relaxation
+from .speculative import SpeculativeConfig, speculative_generate
+from .tree import NAIVE_EXTEND_57
 from .tree_select import verify_times
+
+INIT_STD = 0.25  # peaked random next-token distributions (uniform ones would accept nothing)
 
 log = logging.getLogger(__name__)
 
 
-def family_config(family: str, size: str) -> GPTConfig:
-    """Released shapes (`size` "7b" / "1b") or a CPU-sized "tiny" one with the same structure."""
+def family_config(family: str, size: str, grid: int | None = None) -> GPTConfig:
+    """Released shapes (`size` "7b" / "1b") or a CPU-sized "tiny" one with the same structure; `grid`
+    overrides the token grid (smaller images for quick checks)."""
     shapes = {
         ("chameleon", "7b"): dict(dim=4096, n_layer=32, n_head=32, ffn_dim=11008, text_vocab_size=65536,
                                   vocab_size=8192, grid_size=32),
+        ("lumina", "7b"): dict(dim=4096, n_layer=32, n_head=32, ffn_dim=11008, text_vocab_size=65536,
+                               vocab_size=8193, grid_size=48),
         ("janus", "7b"): dict(dim=4096, n_layer=30, n_head=32, ffn_dim=11008, text_vocab_size=102400,
                               vocab_size=16384, grid_size=24),
         ("janus", "1b"): dict(dim=2048, n_layer=24, n_head=16, ffn_dim=5632, text_vocab_size=102400,
                               vocab_size=16384, grid_size=24),
         ("chameleon", "tiny"): dict(dim=256, n_layer=4, n_head=4, ffn_dim=688, text_vocab_size=8704,
                                     vocab_size=8192, grid_size=16),
+        ("lumina", "tiny"): dict(dim=256, n_layer=4, n_head=4, ffn_dim=688, text_vocab_size=8704,
+                                 vocab_size=8193, grid_size=16),
         ("janus", "tiny"): dict(dim=256, n_layer=4, n_head=4, ffn_dim=688, text_vocab_size=4096,
                                 vocab_size=16384, grid_size=16),
     }
-    shape = shapes[(family, size)]
-    extra = dict(qk_norm=True) if family == "chameleon" else dict(image_embed_dim=8)
-    return GPTConfig(**shape, **extra, model_type="prompt", family=family, rope_dims=1, cls_token_num=64)
+    shape = {**shapes[(family, size)], **({"grid_size": grid} if grid else {})}
+    extra = dict(qk_norm=True, family="chameleon", row_end=family == "lumina") if family != "janus" else \
+        dict(image_embed_dim=8, family="janus")
+    return GPTConfig(**shape, **extra, model_type="prompt", rope_dims=1, cls_token_num=64)
 
 
 def random_prompted(config: GPTConfig, device, dtype) -> PromptedImageLM:
@@ -53,18 +70,40 @@ def random_prompted(config: GPTConfig, device, dtype) -> PromptedImageLM:
         model = PromptedImageLM(config)
     model = model.to_empty(device=device)
     model.rope_table = model._build_rope().to(device)
-    model.init_weights(torch.Generator(device=device).manual_seed(0))
+    model.init_weights(torch.Generator(device=device).manual_seed(0), std=INIT_STD)
     return model.to(dtype=dtype).eval()
+
+
+def trained_drafter(model: PromptedImageLM, steps: int, device) -> EagleDrafter:
+    """A drafter for `model` trained for `steps` on the model's own samples (self-distillation)."""
+    from .train_drafter import Recipe, self_distilled_data, train_drafter
+
+    drafter = EagleDrafter(DrafterConfig.for_target(model.config)).to(device)
+    drafter.init_from_target(model, torch.Generator(device=device).manual_seed(0))
+    if steps <= 0:
+        return drafter.eval()
+    samples = max(8, min(64, steps * 8 // 4))
+    data = self_distilled_data(model, random_condition(model.config, samples, 7, device),
+                               SamplingConfig(cfg_scale=3.0, temperature=1.0), seed=100, chunk=16)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        epochs = max(1, -(-steps * 8 // samples))
+        drafter, _ = train_drafter(model, data, Recipe(epochs=epochs, batch=8, lr=1e-3, checkpoint_every=10**6),
+                                   scratch, drafter=drafter, max_steps=steps)
+    return drafter.eval()
 
 
 def random_condition(config: GPTConfig, batch: int, seed: int, device) -> Condition:
     """A 24-token prompt; unconditional rows as each family builds them (Janus: pads inside, same length;
-    Chameleon: BOS + image start)."""
+    Anole: BOS + image start; Lumina: image start + the two size tokens)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(10, config.text_vocab_size - 10, (batch, 24), generator=g)
     if config.family == "janus":
         uncond = ids.clone()
         uncond[:, 1:-1] = 1
+    elif config.row_end:
+        uncond = ids[:, -3:]
     else:
         uncond = ids[:, [0, -1]]
     ones = lambda t: torch.ones_like(t, dtype=torch.bool)  # noqa: E731
@@ -84,28 +123,37 @@ def time_images(decode, images: int, device) -> float:
     return statistics.median(times)
 
 
-def bench_family(label: str, model: PromptedImageLM, images: int, device) -> dict:
+def bench_family(label: str, model: PromptedImageLM, images: int, device, drafter: EagleDrafter) -> dict:
     config = model.config
     sampling = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=0)
     curve = verify_times(model, 2, curve_sizes(32), reps=3)
-    methods = {"ar": None, "sjd": JacobiConfig(window="auto"), "sjd_coupled": JacobiConfig(window="auto", coupled=True)}
+    codebook = torch.randn(config.vocab_size - int(config.row_end), 8, generator=torch.Generator().manual_seed(1))
+    neighbors = build_neighbors(codebook, 10).to(device)
+    methods = {"ar": None, "sjd": JacobiConfig(window="auto"), "sjd_coupled": JacobiConfig(window="auto", coupled=True),
+               "static_tree": SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57),
+               "lantern_pp": SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57,
+                                               relaxation=Relaxation(k=10, lam=5.0))}
     results = {}
-    for name, jacobi in methods.items():
-        passes = []
+    for name, method in methods.items():
+        passes, accepted = [], []
 
-        def decode(seed, jacobi=jacobi, passes=passes):
+        def decode(seed, method=method, passes=passes, accepted=accepted):
             cond = random_condition(config, 1, seed, device)
             gen = torch.Generator(device=device).manual_seed(seed)
-            if jacobi is None:
+            if method is None:
                 result = generate(model, cond, sampling, gen)
+            elif isinstance(method, JacobiConfig):
+                result = jacobi_generate(model, cond, sampling, method, generator=gen, neighbors=neighbors)
             else:
-                result = jacobi_generate(model, cond, sampling, jacobi, generator=gen)
+                result = speculative_generate(model, drafter, cond, sampling, method, gen, neighbors)
             passes.append(result.stats.forward_passes)
+            accepted.append(result.stats.mean_accepted_length)
 
         decode(999)  # warm-up (and the auto window's calibration)
-        passes.clear()
+        passes.clear(), accepted.clear()
         results[name] = {"s_per_image": round(time_images(decode, images, device), 4),
-                         "forward_passes": round(statistics.mean(passes), 1)}
+                         "forward_passes": round(statistics.mean(passes), 1),
+                         "mean_accepted_length": round(statistics.mean(accepted), 3)}
     ar = results["ar"]["s_per_image"]
     for row in results.values():
         row["speedup_vs_ar"] = round(ar / row["s_per_image"], 3)
@@ -117,13 +165,16 @@ def bench_family(label: str, model: PromptedImageLM, images: int, device) -> dic
 def markdown(report: dict) -> str:
     lines = [f"# Prompted families ({report['device']}, {report['dtype']})", "",
              f"{report['machine']}; torch {report['torch']}, {report['threads']} threads; {report['date']}; "
-             f"{report['images']} images per row, cfg 3, temperature 1; random weights (machinery cost, not "
-             "quality or trained acceptance)", "",
-             "| model | tokens | method | forward passes / image | s / image | speed-up vs AR |", "|---|---|---|---|---|---|"]
+             f"{report['images']} images per row, cfg 3, temperature 1; random weights with peaked next-token "
+             f"distributions (init std {report.get('init_std', INIT_STD)}; machinery cost, not quality); drafters trained "
+             f"{report.get('train_steps', 0)} steps on the model's own samples; LANTERN++: naive_extend_57, k 10, "
+             "lambda 5 over a random codebook", "",
+             "| model | tokens | method | forward passes / image | mean accepted length | s / image | speed-up vs AR |",
+             "|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         for name, m in r["methods"].items():
             lines.append(f"| {r['model']} | {r['image_tokens']} | {name} | {m['forward_passes']} | "
-                         f"{m['s_per_image']:.3f} | {m['speedup_vs_ar']:.2f}x |")
+                         f"{m.get('mean_accepted_length', 1.0):.2f} | {m['s_per_image']:.3f} | {m['speedup_vs_ar']:.2f}x |")
     lines += ["", "Forward over n tokens (2 CFG rows, mid-image context), ms:", ""]
     for r in report["rows"]:
         lines.append(f"- {r['model']}: " + " / ".join(f"{n}:{ms:.2f}" for n, ms in r["curve_ms"]))
@@ -136,20 +187,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--images", type=int, default=4)
+    parser.add_argument("--grid", type=int, default=None, help="token grid side (default: each model's own)")
+    parser.add_argument("--train-steps", type=int, default=None,
+                        help="drafter training steps per family (default: 300 on the CPU, 0 on a GPU: random drafter)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    sizes = [("chameleon", "tiny"), ("janus", "tiny")] if device.type == "cpu" else \
-        [("chameleon", "7b"), ("janus", "1b"), ("janus", "7b")]
+    sizes = [("chameleon", "tiny"), ("lumina", "tiny"), ("janus", "tiny")] if device.type == "cpu" else \
+        [("chameleon", "7b"), ("lumina", "7b"), ("janus", "1b"), ("janus", "7b")]
+    steps = args.train_steps if args.train_steps is not None else (300 if device.type == "cpu" else 0)
     rows = []
     for family, size in sizes:
-        model = random_prompted(family_config(family, size), device, dtype)
-        rows.append(bench_family(f"{family} {size} (random)", model, args.images, device))
+        model = random_prompted(family_config(family, size, args.grid), device, dtype)
+        drafter = trained_drafter(model, steps, device).to(dtype)
+        rows.append(bench_family(f"{family} {size} (random)", model, args.images, device, drafter))
         log.info("%s", rows[-1])
-        del model
+        del model, drafter
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    report = {**machine_info(device), "dtype": args.dtype, "images": args.images, "rows": rows}
+    report = {**machine_info(device), "dtype": args.dtype, "images": args.images, "init_std": INIT_STD,
+              "train_steps": steps, "rows": rows}
     write_report(args.out, f"families_{device.type}_{args.dtype}", report, markdown(report))
     return report
 

@@ -67,6 +67,7 @@ class Prefix:
     embeddings: torch.Tensor  # (rows, T, dim): [cond; uncond] rows when guided
     key_valid: torch.Tensor  # (rows, T) bool
     padded: bool  # whether any prefix key is masked
+    token_ids: torch.Tensor | None = None  # (rows, T) prompt token ids (prompted families), else None
 
 
 def left_pad(ids: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +101,7 @@ def build_prompt_prefix(model: ImageTransformer, condition: Condition, guided: b
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.text_vocab_size):
         raise ConfigError("prompt token ids", f"ids in 0..{config.text_vocab_size - 1}",
                           (int(ids.min()), int(ids.max())), "use the tokenizer shipped with the model")
-    return Prefix(model.embed_prompt(ids), mask, padded=not bool(mask.all()))
+    return Prefix(model.embed_prompt(ids), mask, padded=not bool(mask.all()), token_ids=ids)
 
 
 def build_prefix(model: ImageTransformer, condition: Condition, guided: bool) -> Prefix:

@@ -40,7 +40,9 @@ class GPTConfig:
     Family knobs: `qk_norm` (Chameleon's per-head LayerNorm on q and k), `swin_norm` (norms after the
     sub-layers), `rope_dims` (2 = LlamaGen's 2-D grid RoPE with a zero prefix, 1 = 1-D RoPE over cache
     slots), `text_vocab_size` (the language model's vocabulary, prompt tokens), `image_embed_dim` (Janus:
-    the codebook embedding width; its aligner and generation head are `dim` wide).
+    the codebook embedding width; its aligner and generation head are `dim` wide), `row_end` (Lumina-mGPT:
+    every image row of `grid_size` codes is followed by a forced end-of-row token, image code
+    `vocab_size - 1`, so an image is grid_size * (grid_size + 1) tokens; see `layout.py`).
     """
 
     dim: int = 768
@@ -62,10 +64,14 @@ class GPTConfig:
     swin_norm: bool = False
     rope_dims: int = 2
     image_embed_dim: int = 0
+    row_end: bool = False
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.row_end and (self.family != "chameleon" or self.rope_dims != 1):
+            raise ConfigError("GPTConfig.row_end", "only for Chameleon-family models with 1-D RoPE (Lumina-mGPT)",
+                              f"family {self.family!r}, rope_dims {self.rope_dims}")
         if self.ffn_dim is None:
             object.__setattr__(self, "ffn_dim", llamagen_ffn_dim(self.dim))
         for name in ("dim", "n_layer", "n_head", "vocab_size", "cls_token_num", "grid_size", "ffn_dim"):
@@ -102,7 +108,17 @@ class GPTConfig:
         return self.dim // self.n_head
 
     @property
+    def row_stride(self) -> int:
+        """Tokens per image row: the codes, plus the end-of-row token when `row_end`."""
+        return self.grid_size + int(self.row_end)
+
+    @property
     def num_image_tokens(self) -> int:
+        return self.grid_size * self.row_stride
+
+    @property
+    def num_image_codes(self) -> int:
+        """VQ codes of one image (the tokens without the end-of-row tokens)."""
         return self.grid_size * self.grid_size
 
     @property
@@ -236,11 +252,13 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class DrafterConfig:
-    """Shape of an EAGLE-style one-layer feature drafter for a LlamaGen target (LANTERN's `cnets_llamagen`).
+    """Shape of an EAGLE-style one-layer feature drafter (LANTERN's `cnets_llamagen` / `cnets_anole`).
 
     `cls_token_num` is the drafter's own prefix length, one less than the target's (119 for t2i, 0 for
     c2i): drafter position s pairs the target feature f_s with token x_{s+1}, so the token gets the same
-    grid coordinate it has in the target.
+    grid coordinate it has in the target. `family` is the target's; a LlamaGen drafter's layer has no
+    input norm and 2-D RoPE, a Chameleon / Janus drafter is one full decoder layer of its target's kind
+    (`input_norm`, Chameleon's `qk_norm`, 1-D RoPE: `rope_dims`).
     """
 
     dim: int = 1280
@@ -253,10 +271,18 @@ class DrafterConfig:
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
     bias: bool = True
+    family: Family = "llamagen"
+    input_norm: bool = False
+    qk_norm: bool = False
+    rope_dims: int = 2
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.family not in FAMILIES:
+            raise ConfigError("DrafterConfig.family", f"one of {FAMILIES}", self.family)
+        if self.rope_dims not in (1, 2):
+            raise ConfigError("DrafterConfig.rope_dims", "1 or 2", self.rope_dims)
         for name in ("dim", "n_head", "n_kv_head", "ffn_dim", "vocab_size", "grid_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -270,23 +296,30 @@ class DrafterConfig:
     @classmethod
     def for_target(cls, target: GPTConfig, ffn_dim: int | None = None) -> "DrafterConfig":
         """The drafter LANTERN pairs with `target`: same width, heads, vocab and grid, prefix one shorter."""
+        prompted = target.model_type == "prompt"
         return cls(dim=target.dim, n_head=target.n_head, n_kv_head=target.n_kv_head,
                    ffn_dim=ffn_dim or target.ffn_dim, vocab_size=target.vocab_size, grid_size=target.grid_size,
-                   cls_token_num=target.cls_token_num - 1, rope_base=target.rope_base)
+                   cls_token_num=target.cls_token_num - 1, rope_base=target.rope_base,
+                   norm_eps=target.norm_eps if prompted else 1e-6, family=target.family, input_norm=prompted,
+                   qk_norm=target.qk_norm, rope_dims=target.rope_dims)
 
     def block_config(self) -> GPTConfig:
         """The shared decoder-block shape (one layer of the target's kind)."""
         return GPTConfig(dim=self.dim, n_layer=1, n_head=self.n_head, n_kv_head=self.n_kv_head,
                          ffn_dim=self.ffn_dim, vocab_size=self.vocab_size, grid_size=self.grid_size,
-                         rope_base=self.rope_base, norm_eps=self.norm_eps)
+                         rope_base=self.rope_base, norm_eps=self.norm_eps, qk_norm=self.qk_norm)
 
     def mismatches(self, target: GPTConfig) -> list[str]:
         """What keeps this drafter from serving `target` (empty when it fits)."""
         problems = []
-        for name, mine, theirs in (("hidden size", self.dim, target.dim),
+        for name, mine, theirs in (("model family", self.family, target.family),
+                                   ("QK-norm", self.qk_norm, target.qk_norm),
+                                   ("hidden size", self.dim, target.dim),
                                    ("vocabulary", self.vocab_size, target.vocab_size),
                                    ("token grid", self.grid_size, target.grid_size),
-                                   ("prefix length + 1", self.cls_token_num + 1, target.cls_token_num)):
+                                   # 2-D RoPE ties grid coordinates to the prefix length; 1-D is relative
+                                   ("prefix length + 1", self.cls_token_num + 1,
+                                    target.cls_token_num if self.rope_dims == 2 else self.cls_token_num + 1)):
             if mine != theirs:
                 problems.append(f"{name} {mine} (target: {theirs})")
         return problems

@@ -2,11 +2,16 @@
 
 Released LlamaGen drafters (`jadohu/llamagen_drafter`, `jadohu/llamagen2_drafter`) are a folder with
 `config.json` + `pytorch_model.bin` (HF names: `embed_tokens`, `fc`, `layers.0.self_attn.{q,k,v,o}_proj`,
-`layers.0.mlp.{gate,up,down}_proj`, `layers.0.post_attention_layernorm`). We also read `model.safetensors`
-in that folder, or a single `.safetensors`/`.bin` file (then the config comes from our metadata or is
-inferred from the weights and the target). Names are mapped onto `EagleDrafter` (q/k/v fused into the
-shared block's `wqkv`); any missing, extra or mis-shaped tensor, and any drafter that does not fit the
-target, is a `CheckpointError`. `save_drafter` writes config.json + model.safetensors in the released names.
+`layers.0.mlp.{gate,up,down}_proj`, `layers.0.post_attention_layernorm`). The released Anole drafter
+(`jadohu/anole_drafter`, `model_type: chameleon`) is one Chameleon layer in the same layout plus
+`layers.0.input_layernorm` and the QK-norm `layers.0.self_attn.{q,k}_norm.{weight,bias}`, with a
+65,536-row `embed_tokens` (the target's text embedding), of which the image tokens' rows are kept (the
+target's code -> token map is needed: `image_token_ids`); its q/k use HF's rotate-half RoPE and are
+permuted to our interleaved pairs, and written back that way. We also read `model.safetensors` in that
+folder, or a single `.safetensors`/`.bin` file (then the config comes from our metadata or is inferred
+from the weights and the target). Names are mapped onto `EagleDrafter` (q/k/v fused into the shared
+block's `wqkv`); any missing, extra or mis-shaped tensor, and any drafter that does not fit the target,
+is a `CheckpointError`. `save_drafter` writes config.json + model.safetensors in the released names.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from .checkpoints import load_state_strict, strip_prefixes
 from .config import HEADS_BY_DIM, DrafterConfig, GPTConfig
 from .errors import CheckpointError, ConfigError
 from .models.drafter import EagleDrafter
+from .models.rope import permute_rotate_half, unpermute_rotate_half
 
 DRAFTER_FIX = ("choose the drafter trained for this target model (a folder with config.json + "
                "pytorch_model.bin or model.safetensors, e.g. jadohu/llamagen_drafter for LlamaGen-T2I stage I), "
@@ -29,6 +35,8 @@ DRAFTER_FIX = ("choose the drafter trained for this target model (a folder with 
 # LANTERN's `input_type` -> (grid side, drafter prefix length)
 INPUT_TYPES = {"t2i": (16, 119), "t2i2": (32, 119), "c2i": (24, 0)}
 MLP_MAP = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+NORM_MAP = {"layers.0.post_attention_layernorm.weight": "layers.0.ffn_norm.weight",
+            "layers.0.input_layernorm.weight": "layers.0.attention_norm.weight"}
 
 
 @dataclass
@@ -49,8 +57,10 @@ def released_to_internal(path: Path, tensors: dict[str, torch.Tensor]) -> dict[s
             out["layers.0.attention.wo.weight"] = value
         elif m and m.group(2) in MLP_MAP:
             out[f"layers.0.feed_forward.{MLP_MAP[m.group(2)]}.weight"] = value
-        elif key == "layers.0.post_attention_layernorm.weight":
-            out["layers.0.ffn_norm.weight"] = value
+        elif key in NORM_MAP:
+            out[NORM_MAP[key]] = value
+        elif qk := re.fullmatch(r"layers\.0\.self_attn\.([qk])_norm\.(weight|bias)", key):
+            out[f"layers.0.attention.{qk.group(1)}_norm.{qk.group(2)}"] = value
         else:
             out[key] = value  # embed_tokens, fc; anything else is reported as unexpected
     if qkv:
@@ -63,23 +73,67 @@ def released_to_internal(path: Path, tensors: dict[str, torch.Tensor]) -> dict[s
 
 def internal_to_released(state: dict[str, torch.Tensor], config: DrafterConfig) -> dict[str, torch.Tensor]:
     inverse = {v: k for k, v in MLP_MAP.items()}
+    norms = {v: k for k, v in NORM_MAP.items()}
     head_dim = config.dim // config.n_head
     q_size, kv_size = config.n_head * head_dim, config.n_kv_head * head_dim
+    heads = {"q": config.n_head, "k": config.n_kv_head}
+    # 1-D RoPE families are written in HF's rotate-half convention, as released
+    halves = (lambda w, h: unpermute_rotate_half(w, h)) if config.rope_dims == 1 else (lambda w, h: w)
     out = {}
     for key, value in state.items():
         if key == "layers.0.attention.wqkv.weight":
             q, k, v = value.split([q_size, kv_size, kv_size], dim=0)
-            out.update({"layers.0.self_attn.q_proj.weight": q, "layers.0.self_attn.k_proj.weight": k,
+            out.update({"layers.0.self_attn.q_proj.weight": halves(q, config.n_head),
+                        "layers.0.self_attn.k_proj.weight": halves(k, config.n_kv_head),
                         "layers.0.self_attn.v_proj.weight": v})
         elif key == "layers.0.attention.wo.weight":
             out["layers.0.self_attn.o_proj.weight"] = value
         elif key.startswith("layers.0.feed_forward."):
             out[f"layers.0.mlp.{inverse[key.split('.')[3]]}.weight"] = value
-        elif key == "layers.0.ffn_norm.weight":
-            out["layers.0.post_attention_layernorm.weight"] = value
+        elif key in norms:
+            out[norms[key]] = value
+        elif qk := re.fullmatch(r"layers\.0\.attention\.([qk])_norm\.(weight|bias)", key):
+            out[f"layers.0.self_attn.{qk.group(1)}_norm.{qk.group(2)}"] = halves(value, heads[qk.group(1)])
         else:
             out[key] = value
     return out
+
+
+def to_interleaved(sd: dict[str, torch.Tensor], config: DrafterConfig) -> dict[str, torch.Tensor]:
+    """A 1-D-RoPE drafter read in the rotate-half convention -> our interleaved pairs (q/k rows, QK-norms)."""
+    if config.rope_dims != 1:
+        return sd
+    out = dict(sd)
+    head_dim = config.dim // config.n_head
+    q_size, kv_size = config.n_head * head_dim, config.n_kv_head * head_dim
+    wqkv = out.get("layers.0.attention.wqkv.weight")
+    if wqkv is not None and wqkv.shape[0] == q_size + 2 * kv_size:
+        q, k, v = wqkv.split([q_size, kv_size, kv_size], dim=0)
+        out["layers.0.attention.wqkv.weight"] = torch.cat(
+            [permute_rotate_half(q, config.n_head), permute_rotate_half(k, config.n_kv_head), v])
+    for name, heads in (("q", config.n_head), ("k", config.n_kv_head)):
+        for part in ("weight", "bias"):
+            key = f"layers.0.attention.{name}_norm.{part}"
+            if key in out:
+                value = out[key]
+                if value.dim() == 1:  # one (D,) vector shared by the heads (older conversions)
+                    value = value[None].expand(heads, -1).contiguous()
+                if value.shape == (heads, head_dim):
+                    out[key] = permute_rotate_half(value, heads)
+    return out
+
+
+def image_rows(path: Path, sd: dict[str, torch.Tensor], config: DrafterConfig,
+               image_token_ids: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], DrafterConfig]:
+    """A Chameleon drafter's full-vocabulary `embed_tokens` (65,536 rows) -> the rows of the image codes."""
+    emb = sd.get("embed_tokens.weight")
+    if config.family != "chameleon" or emb is None or image_token_ids is None or emb.shape[0] == len(image_token_ids):
+        return sd, config
+    if int(image_token_ids.max()) >= emb.shape[0]:
+        raise CheckpointError(path, f"an embedding covering the target's image tokens (ids up to "
+                              f"{int(image_token_ids.max())})", f"{emb.shape[0]} rows", DRAFTER_FIX)
+    sd = {**sd, "embed_tokens.weight": emb[image_token_ids.to(emb.device)]}
+    return sd, DrafterConfig(**{**config.to_dict(), "vocab_size": len(image_token_ids)})
 
 
 def _read_files(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict, str]:
@@ -126,6 +180,19 @@ def infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta
     except KeyError as exc:
         raise CheckpointError(path, "a LANTERN/EAGLE drafter (fc, embed_tokens, layers.0.self_attn.*, layers.0.mlp.*)",
                               f"no tensor {exc}", DRAFTER_FIX) from exc
+    if hf.get("model_type") == "chameleon":  # LANTERN's Anole / Lumina drafter: one Chameleon layer
+        if target is None or target.family != "chameleon":
+            raise CheckpointError(path, "a Chameleon target (Anole) to size this Chameleon drafter",
+                                  "no Chameleon target" if target is None else f"a {target.family} target",
+                                  "load it in Lantern: Load Drafter connected to the Anole model it was trained for")
+        try:
+            return DrafterConfig(dim=dim, n_head=heads, n_kv_head=kv_heads, ffn_dim=ffn, vocab_size=vocab,
+                                 grid_size=target.grid_size, cls_token_num=target.cls_token_num - 1,
+                                 rope_base=float(hf.get("rope_theta", 10000.0)),
+                                 norm_eps=float(hf.get("rms_norm_eps", 1e-5)), bias=bool(hf.get("bias", True)),
+                                 family="chameleon", input_norm=True, qk_norm=True, rope_dims=1)
+        except ConfigError as exc:
+            raise CheckpointError(path, "a consistent drafter configuration", str(exc), DRAFTER_FIX) from exc
     input_type = hf.get("input_type")
     grid, cls = INPUT_TYPES.get(input_type, (None, None))
     grid = ours.get("grid_size", grid if grid is not None else (target.grid_size if target else None))
@@ -145,8 +212,10 @@ def infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta
 
 
 def load_drafter(path: str | Path, target: GPTConfig | None = None, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> LoadedDrafter:
-    """Load a drafter strictly; with `target`, refuse one that does not fit it. Raises CheckpointError."""
+                 dtype: torch.dtype = torch.float32, image_token_ids: torch.Tensor | None = None) -> LoadedDrafter:
+    """Load a drafter strictly; with `target`, refuse one that does not fit it. `image_token_ids` (V,) are
+    a Chameleon target's vocabulary ids of its image codes (PromptedImageLM.image.token_ids), needed for
+    released Anole drafters. Raises CheckpointError."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(path, "a drafter folder or file", "nothing at that path",
@@ -160,6 +229,7 @@ def load_drafter(path: str | Path, target: GPTConfig | None = None, device: torc
                               f"tensors like {sorted(tensors)[:3]}", DRAFTER_FIX)
     sd = released_to_internal(path, tensors)
     config = infer_drafter_config(path, sd, hf, meta, target)
+    sd, config = image_rows(path, to_interleaved(sd, config), config, image_token_ids)
     if target is not None and (problems := config.mismatches(target)):
         raise CheckpointError(path, "a drafter trained for the chosen target model", "a drafter with "
                               + ", ".join(problems), DRAFTER_FIX)
@@ -182,7 +252,7 @@ def save_drafter(model: EagleDrafter, folder: str | Path, extra: dict | None = N
           "num_attention_heads": c.n_head, "num_key_value_heads": c.n_kv_head, "num_hidden_layers": 1,
           "vocab_size": c.vocab_size, "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base, "bias": c.bias,
           "hidden_act": "silu", "lantern": {"grid_size": c.grid_size, "cls_token_num": c.cls_token_num,
-                                            **(extra or {})}}
+                                            "family": c.family, **(extra or {})}}
     tensors = {k: v.to(dtype) for k, v in internal_to_released(model.state_dict(), c).items()}
     write_safetensors(folder / "model.safetensors", tensors, {"kind": "drafter", "config": c.to_dict()})
     (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True))

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from .models.drafter import EagleDrafter
-from .models.gpt import ForwardStep, LlamaGenGPT
+from .models.gpt import ForwardStep, ImageTransformer
 from .models.kv_cache import attention_mask
 from .tree import TreeBuffers, TreeSpec, build_tree_buffers
 
@@ -48,13 +48,14 @@ class DrafterSession:
         self.forwards = 0
         self._last_row = drafter.rope_table.shape[0] - 1
 
-    def consume(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
-        """features (rows, T, dim), tokens (rows, T): append T accepted pairs, keep the last prediction."""
+    def consume(self, features: torch.Tensor, tokens: torch.Tensor, embeddings: torch.Tensor | None = None) -> None:
+        """features (rows, T, dim), tokens (rows, T): append T accepted pairs, keep the last prediction.
+        `embeddings` (rows, T, dim) replaces the token embeddings (see `prefix_inputs`)."""
         T = tokens.shape[1]
         slots = torch.arange(self.length, self.length + T, device=tokens.device)
         step = ForwardStep(slots.clamp(max=self._last_row), self.cache, kv_len=self.length + T,
                            mask=attention_mask(self.key_valid, slots, self.length + T), slots=slots)
-        out = self.drafter(features, tokens, step)
+        out = self.drafter(features, tokens, step, embeddings)
         self.root_feature = out[:, -1]
         self.length += T
         self.forwards += 1
@@ -74,6 +75,20 @@ class DrafterSession:
         step = ForwardStep(positions, self.cache, kv_len=L + n, mask=mask, slots=L + node_ids - 1)
         self.forwards += 1
         return self.drafter(features, tokens, step)
+
+
+def prefix_inputs(drafter: EagleDrafter, model, prefix_ids: torch.Tensor | None, first: torch.Tensor,
+                  rows: int, T: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The drafter's x_{s+1} over a prefix of T slots whose last pair holds the first image code `first`
+    (a 0-d or (1,) tensor): LlamaGen feeds code 0 over the condition (LANTERN's zeros); a prompted family
+    feeds the target's embeddings of the next prompt tokens (LANTERN's Anole drafter sees the prompt).
+    Returns (tokens (rows, T), embeddings (rows, T, dim) or None)."""
+    tokens = torch.zeros(rows, T, dtype=torch.long, device=first.device)
+    tokens[:, -1] = first.reshape(())
+    if prefix_ids is None:
+        return tokens, None
+    prompt = model.embed_prompt(prefix_ids[:, 1:])  # (rows, T-1, dim): embedding of token s+1 at slot s
+    return tokens, torch.cat([prompt, drafter.embed_tokens(tokens[:, -1:]).to(prompt.dtype)], dim=1)
 
 
 def per_row(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -129,7 +144,7 @@ def plan_static_tree(spec: TreeSpec, device: torch.device) -> StaticPlan:
                       move(rank_of), move(expand_at), width_at)
 
 
-def draft_static(session: DrafterSession, target: LlamaGenGPT, plan: StaticPlan, root_tokens: torch.Tensor,
+def draft_static(session: DrafterSession, target: ImageTransformer, plan: StaticPlan, root_tokens: torch.Tensor,
                  root_index: int, distribution: NodeDistribution, greedy: bool,
                  generator: torch.Generator | None) -> DraftTree:
     """Fill G static trees (root_tokens (G,)): children of each node sampled without replacement from its
@@ -168,7 +183,7 @@ class DynamicShape:
     nodes: int = 58  # drafted nodes kept for verification (EAGLE-2's total_token - 1)
 
 
-def draft_dynamic(session: DrafterSession, target: LlamaGenGPT, shape: DynamicShape, root_tokens: torch.Tensor,
+def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: DynamicShape, root_tokens: torch.Tensor,
                   root_index: int, distribution: NodeDistribution) -> DraftTree:
     """EAGLE-2 for G trees (root_tokens (G,)): expand the top-k frontier by cumulative log-probability,
     then keep the best `nodes` of every tree."""

@@ -1,7 +1,10 @@
 """Loading a prompted-family model folder offline: Chameleon (Anole-7b, Lumina-mGPT) and Janus-Pro.
 
 A folder is recognised from its `config.json` (`model_type` "chameleon", "janus" (transformers'
-conversion) or "multi_modality" (DeepSeek's original Janus-Pro release)); its weights are read from
+conversion) or "multi_modality" (DeepSeek's original Janus-Pro release)); a Chameleon folder is
+Lumina-mGPT when its architectures name ChameleonXLLMX (Alpha-VLLM's release) or its folder name
+contains "lumina": its images end every row with a forced end-of-row token (`layout.py`), its prompt is
+its own template with size tokens (`prompts.lumina_format`) and it draws 768 px by default; its weights are read from
 `model.safetensors` or sharded `model-*.safetensors` (+ index), `.bin` only through
 `torch.load(weights_only=True)`. The tokenizer is the folder's `tokenizer.json` (or Chameleon's
 `text_tokenizer.json`), read by the `tokenizers` library. The image tokenizer comes from the same
@@ -25,13 +28,14 @@ from .errors import CheckpointError, ConfigError
 from .family_io import chameleon_state, janus_state, taming_to_ours
 from .models.prompted import PromptedImageLM
 from .models.vq import VQModel
-from .prompts import FORMATS, PromptEncoder, chameleon_image_token_ids, load_tokenizer
+from .prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, _token_id, chameleon_image_token_ids, load_tokenizer,
+                      lumina_format)
 
 log = logging.getLogger(__name__)
 
 LAYOUTS = {"chameleon": ("chameleon", "hf-chameleon"), "janus": ("janus", "hf-janus"),
            "multi_modality": ("janus", "deepseek-janus")}
-DEFAULT_GRID = {"chameleon": 32, "janus": 24}  # Anole 512 px / 16; Janus-Pro 384 px / 16
+DEFAULT_GRID = {"chameleon": 32, "janus": 24, "lumina": 48}  # Anole 512 px, Janus-Pro 384 px, Lumina 768 px
 DEFAULT_MAX_PROMPT = 256
 TOKENIZER_NAMES = ("tokenizer.json", "text_tokenizer.json", "tokenizer/text_tokenizer.json")
 VQGAN_NAMES = ("vqgan.safetensors", "vqgan.ckpt", "tokenizer/vqgan.safetensors", "tokenizer/vqgan.ckpt",
@@ -44,7 +48,7 @@ FIX = ("choose the model's folder as downloaded (config.json, tokenizer.json, mo
 class LoadedPrompted:
     model: PromptedImageLM
     config: GPTConfig
-    source_format: str  # "hf-chameleon", "hf-janus" or "deepseek-janus"
+    source_format: str  # "hf-chameleon", "hf-lumina", "hf-janus" or "deepseek-janus"
     encoder: PromptEncoder
     vq: VQModel | None
     vq_source: str | None
@@ -73,6 +77,11 @@ def detect_family(folder: str | Path) -> tuple[str, str]:
     return LAYOUTS[model_type]
 
 
+def is_lumina(folder: Path, cfg: dict) -> bool:
+    """Lumina-mGPT among Chameleon folders: ChameleonXLLMX architectures or 'lumina' in the folder name."""
+    return any("XLLMX" in a for a in cfg.get("architectures") or []) or "lumina" in folder.name.lower()
+
+
 def _rope_theta(cfg: dict) -> float:
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
@@ -95,11 +104,13 @@ def _decoder_shape(cfg: dict, where: str) -> dict:
     return shape
 
 
-def chameleon_config(cfg: dict, grid: int, max_prompt: int) -> GPTConfig:
+def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = False) -> GPTConfig:
+    """Anole / Chameleon; `row_end` (Lumina-mGPT) adds the end-of-row token as the last image code."""
     vq = cfg.get("vq_config") or {}
-    return GPTConfig(**_decoder_shape(cfg, "config.json"), vocab_size=int(vq.get("num_embeddings", 8192)),
+    codes = int(vq.get("num_embeddings", vq.get("n_embed", 8192)))
+    return GPTConfig(**_decoder_shape(cfg, "config.json"), vocab_size=codes + int(row_end),
                      model_type="prompt", family="chameleon", qk_norm=True, swin_norm=bool(cfg.get("swin_norm")),
-                     rope_dims=1, grid_size=grid, cls_token_num=max_prompt)
+                     rope_dims=1, grid_size=grid, cls_token_num=max_prompt, row_end=row_end)
 
 
 def janus_config(cfg: dict, layout: str, grid: int, max_prompt: int) -> GPTConfig:
@@ -174,9 +185,15 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     family, layout = detect_family(folder)
     cfg = read_config(folder)
     notes: list[str] = []
-    grid = grid_size or (_janus_grid(cfg) if family == "janus" else None) or DEFAULT_GRID[family]
+    lumina = family == "chameleon" and is_lumina(folder, cfg)
+    if lumina:
+        layout = "hf-lumina"
+        if grid_size is not None and grid_size % 2:
+            raise ConfigError("grid_size", "an even number of tokens per side for Lumina-mGPT (its size tokens "
+                              "count 32-pixel steps)", grid_size)
+    grid = grid_size or (_janus_grid(cfg) if family == "janus" else None) or DEFAULT_GRID["lumina" if lumina else family]
     try:
-        config = (chameleon_config(cfg, grid, max_prompt_tokens) if family == "chameleon"
+        config = (chameleon_config(cfg, grid, max_prompt_tokens, row_end=lumina) if family == "chameleon"
                   else janus_config(cfg, layout, grid, max_prompt_tokens))
     except ConfigError as exc:
         raise CheckpointError(folder / "config.json", "a consistent model configuration", str(exc), FIX) from exc
@@ -187,7 +204,10 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     tokenizer = load_tokenizer(tokenizer_path)
     tensors, _ = read_hf_folder(folder)
     if family == "chameleon":
-        token_ids = chameleon_image_token_ids(tokenizer, config.vocab_size, tokenizer_path)
+        token_ids = chameleon_image_token_ids(tokenizer, config.vocab_size - int(lumina), tokenizer_path)
+        if lumina:  # the end-of-row token is the last image code
+            row_end = torch.tensor([_token_id(tokenizer, LUMINA_ROW_END, tokenizer_path)])
+            token_ids = torch.cat([token_ids, row_end])
         sd = chameleon_state(folder, tensors, config, token_ids)
         vq, vq_source = load_chameleon_vq(folder)
         if vq is None:
@@ -207,5 +227,6 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
         vq = vq.to(device=device, dtype=vq_dtype or dtype)
     for note in notes:
         log.info("%s: %s", folder.name, note)
-    encoder = PromptEncoder(tokenizer, FORMATS[family], tokenizer_path)
+    fmt = lumina_format(config.grid_size) if lumina else FORMATS[family]
+    encoder = PromptEncoder(tokenizer, fmt, tokenizer_path)
     return LoadedPrompted(model, config, layout, encoder, vq, vq_source, notes)

@@ -69,12 +69,16 @@ class GenerationResult:
         return self.accepted_per_cell[sample].reshape(side, -1).tolist()
 
 
-def _logits_for_step(logits: torch.Tensor, sampling: SamplingConfig, guided: bool, step: int) -> torch.Tensor:
+def _logits_for_step(model: ImageTransformer, logits: torch.Tensor, sampling: SamplingConfig, guided: bool,
+                     step: int) -> torch.Tensor:
+    """Raw logits (rows, V) of image token `step` -> CFG-combined logits (B, V) with the model's layout."""
     if not guided:
-        return logits
-    if sampling.cfg_active(step):
-        return combine_cfg(logits, sampling.cfg_scale)
-    return logits.chunk(2, dim=0)[0]
+        combined = logits
+    elif sampling.cfg_active(step):
+        combined = combine_cfg(logits, sampling.cfg_scale)
+    else:
+        combined = logits.chunk(2, dim=0)[0]
+    return model.constrain_logits(combined, step)
 
 
 def estimate_run_bytes(config, batch: int, guided: bool, dtype: torch.dtype) -> int:
@@ -104,6 +108,7 @@ class DecodeState:
     cache: KVCache
     key_valid: torch.Tensor  # (rows, max_len), False for padded prefix slots
     length: int
+    prefix_ids: torch.Tensor | None = None  # (rows, length) prompt token ids of prompted families
 
     def release(self) -> int:
         """Free the cache; returns the bytes it held."""
@@ -124,7 +129,7 @@ def prefill_state(model: ImageTransformer, condition: Condition, guided: bool, s
     key_valid[:, :T] = prefix.key_valid
     pos = torch.arange(T, device=device)
     hidden = model(prefix.embeddings, ForwardStep(pos, cache, kv_len=T, mask=attention_mask(key_valid, pos, T)))
-    return DecodeState(cache, key_valid, T), hidden
+    return DecodeState(cache, key_valid, T, prefix.token_ids), hidden
 
 
 @torch.no_grad()
@@ -148,7 +153,7 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
         hidden = model(prefix.embeddings, prefill)
         logits = model.logits(hidden[:, -1])  # (rows, V)
         tokens = torch.empty(condition.batch, n_tokens, dtype=torch.long, device=device)
-        tokens[:, 0] = pick_tokens(_logits_for_step(logits, sampling, guided, 0), sampling, generator)
+        tokens[:, 0] = pick_tokens(_logits_for_step(model, logits, sampling, guided, 0), sampling, generator)
         prefill_time = time.perf_counter() - start
         if on_step is not None:
             on_step(1, n_tokens, tokens)
@@ -161,7 +166,7 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
             step = ForwardStep(positions.new_tensor([pos]), cache, kv_len=pos + 1,
                                mask=None if decode_mask is None else decode_mask[..., : pos + 1])
             logits = model.logits(model(model.embed_tokens(fed), step)[:, -1])
-            tokens[:, i] = pick_tokens(_logits_for_step(logits, sampling, guided, i), sampling, generator)
+            tokens[:, i] = pick_tokens(_logits_for_step(model, logits, sampling, guided, i), sampling, generator)
             if on_step is not None:
                 on_step(i + 1, n_tokens, tokens)
     finally:

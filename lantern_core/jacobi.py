@@ -42,6 +42,7 @@ from .models.gpt import ForwardStep, ImageTransformer
 from .models.kv_cache import attention_mask
 from .relaxation import Grouping, Relaxation, group_mass, relax
 from .sampling import Generators, generator_for, sample_from_probs
+from .layout import extend_neighbors
 from .speculative import NodeDistributions, RunTally, check_neighbors
 
 INITS = ("random", "sample_left", "repeat_left", "repeat_above")
@@ -172,7 +173,7 @@ class DraftWindow:
     def __init__(self, config: JacobiConfig, window: int, model: ImageTransformer, greedy: bool,
                  generator: torch.Generator | None, device: torch.device):
         N, V = model.config.num_image_tokens, model.config.vocab_size
-        self.config, self.W, self.V, self.grid = config, window, V, model.config.grid_size
+        self.config, self.W, self.V, self.grid = config, window, V, model.config.row_stride
         self.greedy, self.generator = greedy, generator
         self.canvas = torch.zeros(N + window + 1, dtype=torch.long, device=device)
         self.uniform = torch.full((window, V), 1.0 / V, device=device)
@@ -244,7 +245,7 @@ def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: Sam
     `neighbors` (V, >= k) is needed for relaxation / grouping with k > 0."""
     start = time.perf_counter()
     device = model.tok_embeddings.weight.device
-    neighbors = check_neighbors(config.neighbor_k, neighbors, device)
+    neighbors = extend_neighbors(model.config, check_neighbors(config.neighbor_k, neighbors, device))
     N, B = model.config.num_image_tokens, condition.batch
     window, note = config.window, ""
     if window == "auto":
@@ -270,7 +271,7 @@ def _decode_one(model: ImageTransformer, condition: Condition, sampling: Samplin
     """Decode one image into `out` (N,) with an integer window."""
     t0 = time.perf_counter()
     N, W = model.config.num_image_tokens, config.window
-    dist = NodeDistributions(sampling, sampling.uses_cfg)
+    dist = NodeDistributions(sampling, sampling.uses_cfg, model.constrain_logits)
     state, hidden = prefill_state(model, condition, sampling.uses_cfg, spare=W + 1)
     device = hidden.device
 

@@ -8,6 +8,10 @@ start an image, and builds its classifier-free-guidance (unconditional) input it
   last (<begin_of_image>) replaced by the pad token.
 - Chameleon / Anole (LANTERN's Anole generator): BOS + prompt + "<reserved08706>" (end of turn) +
   "<racm3:break>" (image start); the unconditional row is BOS + "<racm3:break>" alone.
+- Lumina-mGPT (its FlexAR generator): BOS + "Generate an image of {W}x{H} according to the following
+  prompt:\n{prompt}" + "<reserved08706>", then the image start and the two size tokens the reference
+  forces (id 8804 + pixels / 32, named "<reserved{08800 + pixels / 32}>"); the unconditional row is the
+  image start and size tokens alone, without BOS (its image-start-triggered CFG).
 
 Tokenisation uses the model's own `tokenizer.json` through the `tokenizers` library (no transformers, no
 remote code, no downloads). Image codes <-> vocabulary ids for Chameleon come from the tokenizer's
@@ -31,8 +35,9 @@ _LETTER_DIGITS = {chr(ord("A") + i): str(i) for i in range(10)}  # IMGIMG names 
 class PromptFormat:
     """How a family wraps a prompt: BOS + `template` around {prompt} + special `suffix` tokens (which
     end with the image-start token), and the unconditional row: "pad_inner" (the same tokens, all but
-    the first and last replaced by `pad_token`) or "bos_suffix" (BOS + `uncond_suffix`). BOS is added
-    explicitly (not by the tokenizer's post-processor, whose presence varies between exports)."""
+    the first and last replaced by `pad_token`), "bos_suffix" (BOS + `uncond_suffix`) or "suffix"
+    (`uncond_suffix` alone). BOS is added explicitly (not by the tokenizer's post-processor, whose
+    presence varies between exports)."""
 
     template: str
     suffix: tuple[str, ...]
@@ -44,8 +49,8 @@ class PromptFormat:
     def __post_init__(self) -> None:
         if "{prompt}" not in self.template:
             raise ConfigError("PromptFormat.template", "a string containing {prompt}", self.template)
-        if self.uncond not in ("pad_inner", "bos_suffix"):
-            raise ConfigError("PromptFormat.uncond", "'pad_inner' or 'bos_suffix'", self.uncond)
+        if self.uncond not in ("pad_inner", "bos_suffix", "suffix"):
+            raise ConfigError("PromptFormat.uncond", "'pad_inner', 'bos_suffix' or 'suffix'", self.uncond)
         if self.uncond == "pad_inner" and not self.pad_token:
             raise ConfigError("PromptFormat.pad_token", "the pad token for 'pad_inner' CFG", self.pad_token)
 
@@ -55,6 +60,21 @@ JANUS_FORMAT = PromptFormat(template="<|User|>: {prompt}\n\n<|Assistant|>:", suf
 CHAMELEON_FORMAT = PromptFormat(template="{prompt}", suffix=("<reserved08706>", "<racm3:break>"),
                                 uncond="bos_suffix", bos_token="<s>", uncond_suffix=("<racm3:break>",))
 FORMATS = {"janus": JANUS_FORMAT, "chameleon": CHAMELEON_FORMAT}
+LUMINA_ROW_END = "<reserved08799>"  # id 8803: ends every image row
+
+
+def lumina_size_token(pixels: int) -> str:
+    """The size token Lumina-mGPT forces after the image start: id 8804 + pixels / 32."""
+    return f"<reserved{8800 + pixels // 32:05d}>"
+
+
+def lumina_format(grid: int, patch: int = 16) -> PromptFormat:
+    """Lumina-mGPT's prompt for a grid x grid image of `patch`-pixel tokens (768 px: grid 48)."""
+    px = grid * patch
+    size = lumina_size_token(px)
+    template = f"Generate an image of {px}x{px} according to the following prompt:\n" + "{prompt}"
+    return PromptFormat(template=template, suffix=("<reserved08706>", "<racm3:break>", size, size),
+                        uncond="suffix", bos_token="<s>", uncond_suffix=("<racm3:break>", size, size))
 
 
 def load_tokenizer(path: str | Path):
@@ -111,6 +131,8 @@ class PromptEncoder:
     def uncond_ids(self, ids: list[int]) -> list[int]:
         if self.format.uncond == "pad_inner":
             return ids[:1] + [self.pad_id] * (len(ids) - 2) + ids[-1:]
+        if self.format.uncond == "suffix":
+            return list(self.uncond_suffix)
         return [self.bos_id] + self.uncond_suffix
 
     def encode(self, prompts: list[str], device=None) -> Condition:

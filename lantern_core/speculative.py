@@ -21,12 +21,13 @@ import torch
 
 from .conditioning import Condition
 from .config import SamplingConfig
-from .drafting import (DraftTree, DrafterSession, DynamicShape, draft_dynamic, draft_static, per_row,
+from .drafting import (DraftTree, DrafterSession, DynamicShape, draft_dynamic, draft_static, per_row, prefix_inputs,
                        plan_static_tree)
 from .errors import ConfigError
+from .layout import extend_neighbors
 from .generate import GenerationResult, GenerationStats, StepCallback, generate, prefill_state, synchronize
 from .models.drafter import EagleDrafter
-from .models.gpt import LlamaGenGPT
+from .models.gpt import ImageTransformer
 from .relaxation import Relaxation
 from .sampling import Generators, filter_logits, generator_for, pick_tokens
 from .tree import NAIVE_EXTEND_57, TreeSpec
@@ -97,13 +98,19 @@ class SpeculativeStats(GenerationStats):
 
 class NodeDistributions:
     """CFG + filters for one run, per tree node: logits (rows, T, V), image-token index (T,) -> (G, T, V)
-    where rows = G trees, or [cond trees; uncond trees] with CFG. Greedy runs get softmax(logits)."""
+    where rows = G trees, or [cond trees; uncond trees] with CFG. Greedy runs get softmax(logits).
+    `constrain` (the model's `constrain_logits`) applies a forced-token layout after CFG."""
 
-    def __init__(self, sampling: SamplingConfig, guided: bool):
+    def __init__(self, sampling: SamplingConfig, guided: bool, constrain=None):
         self.sampling = sampling
         self.guided = guided
+        self.constrain = constrain
 
     def combine(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        mixed = self._cfg(logits, index)
+        return mixed if self.constrain is None else self.constrain(mixed, index)
+
+    def _cfg(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         if not self.guided:
             return logits.float()
         cond, uncond = logits.float().chunk(2, dim=0)
@@ -137,7 +144,7 @@ def _auto_choice(drafter: EagleDrafter, sampling: SamplingConfig, spec: Speculat
     return _AUTO_CHOICES.get(drafter, {}).get(_auto_key(sampling, spec))
 
 
-def _costs(model: LlamaGenGPT, drafter: EagleDrafter, rows: int) -> CostCurve:
+def _costs(model: ImageTransformer, drafter: EagleDrafter, rows: int) -> CostCurve:
     per_drafter = _COSTS.setdefault(drafter, {})
     key = (id(model), rows, str(model.tok_embeddings.weight.device), str(model.tok_embeddings.weight.dtype))
     if key not in per_drafter:
@@ -145,7 +152,7 @@ def _costs(model: LlamaGenGPT, drafter: EagleDrafter, rows: int) -> CostCurve:
     return per_drafter[key]
 
 
-def _calibrate(model: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
+def _calibrate(model: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
                spec: SpeculativeConfig, neighbors: torch.Tensor | None) -> tuple[TreeSpec, str]:
     """Decode one scratch image on the base tree (fixed seed, output discarded) to measure each node's
     acceptance, measure the cost curve, choose the sub-tree and remember it. Seeds of the user's images
@@ -232,12 +239,12 @@ def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device
 
 
 @torch.no_grad()
-def speculative_generate(model: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
+def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
                          spec: SpeculativeConfig, generator: Generators = None, neighbors: torch.Tensor | None = None,
                          on_step: StepCallback | None = None) -> GenerationResult:
     """Speculatively sample `condition.batch` images' tokens. `neighbors` (V, >= k) is needed for relaxation."""
-    neighbors = check_neighbors(spec.relaxation.k if spec.relaxation else 0, neighbors,
-                                model.tok_embeddings.weight.device)
+    neighbors = extend_neighbors(model.config, check_neighbors(spec.relaxation.k if spec.relaxation else 0, neighbors,
+                                model.tok_embeddings.weight.device))
     start = time.perf_counter()
     config = model.config
     N = config.num_image_tokens
@@ -276,7 +283,7 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
     config = model.config
     N = config.num_image_tokens
     guided = sampling.uses_cfg
-    dist = NodeDistributions(sampling, guided)
+    dist = NodeDistributions(sampling, guided, model.constrain_logits)
     t0 = time.perf_counter()
     state, hidden = prefill_state(model, condition, guided, spare=spec.max_nodes + 2)
     cache, key_valid, T = state.cache, state.key_valid, state.length
@@ -288,9 +295,8 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
                             sampling, generator)
         out[0] = first[0]
         session = DrafterSession(drafter, rows, max_len, key_valid)
-        fed = torch.zeros(rows, T, dtype=torch.long, device=device)
-        fed[:, -1] = first[0]
-        session.consume(hidden, fed)  # pairs (f_s, x_{s+1}) over the prefix; the last holds the first token
+        fed, embeddings = prefix_inputs(drafter, model, state.prefix_ids, first[:1], rows, T)
+        session.consume(hidden, fed, embeddings)  # pairs (f_s, x_{s+1}) over the prefix; the last holds the first token
         tally.prefill_s += time.perf_counter() - t0
         report(1)
         length, done = T, 1
@@ -330,7 +336,7 @@ class Verification:
     hidden: torch.Tensor  # (rows, n+1, dim) target features at every node (the drafter's next inputs)
 
 
-def verify_tree(model: LlamaGenGPT, cache, key_valid: torch.Tensor, length: int, tree: DraftTree,
+def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length: int, tree: DraftTree,
                 dist: NodeDistributions, spec: SpeculativeConfig, generator: torch.Generator | None,
                 neighbors: torch.Tensor | None, root_index: int) -> Verification:
     """One target forward over G trees (rows = G, or 2G with CFG) at cache length `length`, then the walk."""

@@ -5,6 +5,11 @@ uniform noise on the input features, AdamW 1e-4 (0.9, 0.95), gradient clipping b
 warm-up (3% of an epoch) then linear decay, 10% unconditional samples (null class / saved
 `uncond_embedding`) so the drafter serves both CFG rows.
 
+Prompted families (Anole / Chameleon, Janus-Pro: `--target` is the model folder) train the same way on
+prompt + image-token sequences, with the family's unconditional prompt row as the 10% unconditional
+samples and, over the prompt, the target's embeddings of the next prompt tokens as the drafter's token
+inputs (as LANTERN's Anole drafter sees them); their data is self-distilled (`--prompts` + `--self-distill`).
+
 Data (token sequences + conditions), from any mix of:
   * `--images DIR`: real images, VQ-encoded (c2i: one sub-folder per class, named by index or class
     name; t2i: `name.png|jpg` + `name.txt` caption, needs `--t5`), centre-cropped to the model's size;
@@ -29,13 +34,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .conditioning import Condition, build_prefix
+from .conditioning import Condition, build_prefix, left_pad
 from .config import DrafterConfig, SamplingConfig
 from .drafter_io import save_drafter
 from .errors import ConfigError, LanternError
 from .generate import generate
 from .models.drafter import EagleDrafter
-from .models.gpt import ForwardStep, LlamaGenGPT
+from .models.gpt import ForwardStep, ImageTransformer, LlamaGenGPT
 from .models.kv_cache import attention_mask
 from .sampling import make_generators
 
@@ -71,23 +76,33 @@ class Recipe:
 
 @dataclass
 class DrafterData:
-    """Training sequences: image tokens (S, N) with class labels (S,) or caption features (S, T, C) + mask."""
+    """Training sequences: image tokens (S, N) with class labels (S,), caption features (S, T, C) + mask,
+    or (prompted families) a `prompts` Condition holding S left-padded prompt rows and their
+    unconditional rows."""
 
     tokens: torch.Tensor
     labels: torch.Tensor | None = None
     caption: torch.Tensor | None = None
     caption_mask: torch.Tensor | None = None
     sources: tuple[str, ...] = ()
+    prompts: Condition | None = None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
-    def batch(self, idx: torch.Tensor, target: LlamaGenGPT, uncond: torch.Tensor) -> Condition:
+    def batch(self, idx: torch.Tensor, target: ImageTransformer, uncond: torch.Tensor) -> Condition:
         """The conditions of rows idx, with rows where `uncond` is True made unconditional."""
         if self.labels is not None:
             labels = self.labels[idx].clone()
             labels[uncond] = target.config.num_classes
             return Condition(labels=labels)
+        if self.prompts is not None:
+            p = self.prompts
+            T = max(p.prompt_ids.shape[1], p.uncond_ids.shape[1])
+            ids, mask = left_pad(p.prompt_ids[idx], p.prompt_mask[idx], T)
+            u_ids, u_mask = left_pad(p.uncond_ids[idx], p.uncond_mask[idx], T)
+            ids, mask = torch.where(uncond[:, None], u_ids, ids), torch.where(uncond[:, None], u_mask, mask)
+            return Condition(prompt_ids=ids, prompt_mask=mask, uncond_ids=u_ids, uncond_mask=u_mask)
         caption = self.caption[idx].float().clone()
         mask = self.caption_mask[idx].clone()
         caption[uncond] = target.cls_embedding.uncond_embedding.float().cpu()
@@ -97,9 +112,19 @@ class DrafterData:
     @staticmethod
     def concat(parts: list["DrafterData"]) -> "DrafterData":
         cat = lambda xs: None if xs[0] is None else torch.cat(xs)  # noqa: E731
+        prompts = None
+        if parts[0].prompts is not None:
+            fields = ("prompt_ids", "prompt_mask", "uncond_ids", "uncond_mask")
+            prompts = Condition(**{f: _cat_left_padded([getattr(p.prompts, f) for p in parts]) for f in fields})
         return DrafterData(torch.cat([p.tokens for p in parts]), cat([p.labels for p in parts]),
                            cat([p.caption for p in parts]), cat([p.caption_mask for p in parts]),
-                           tuple(s for p in parts for s in p.sources))
+                           tuple(s for p in parts for s in p.sources), prompts)
+
+
+def _cat_left_padded(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate (S_i, T_i) id or mask tensors, left-padding each with zeros / False to the longest T."""
+    T = max(r.shape[1] for r in rows)
+    return torch.cat([torch.cat([r.new_zeros(r.shape[0], T - r.shape[1]), r], 1) for r in rows])
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -169,58 +194,81 @@ def image_folder_data(folder: Path, target: LlamaGenGPT, vq, class_names: list[s
                        sources=(f"{len(images)} captioned images from {folder}",))
 
 
-def self_distilled_data(target: LlamaGenGPT, condition: Condition, sampling: SamplingConfig, seed: int,
+def self_distilled_data(target: ImageTransformer, condition: Condition, sampling: SamplingConfig, seed: int,
                         chunk: int = 32) -> DrafterData:
     """Token sequences sampled from the target itself, one per condition row (seeds seed, seed+1, ...)."""
     tokens = []
     for start in range(0, condition.batch, chunk):
-        part = slice(start, start + chunk)
-        if condition.labels is not None:
-            c = Condition(labels=condition.labels[part])
-        else:
-            c = Condition(caption=condition.caption[part], caption_mask=condition.caption_mask[part])
-        result = generate(target, c, sampling, make_generators(seed + start, c.batch, target.output.weight.device))
+        c = _rows(condition, slice(start, start + chunk))
+        result = generate(target, c, sampling, make_generators(seed + start, c.batch, model_device(target)))
         tokens.append(result.tokens.cpu())
         log.info("self-distillation: %d/%d sequences", min(start + chunk, condition.batch), condition.batch)
+    source = (f"{condition.batch} self-distilled samples ({sampling})",)
     if condition.labels is not None:
-        return DrafterData(torch.cat(tokens), condition.labels.cpu(),
-                           sources=(f"{condition.batch} self-distilled samples ({sampling})",))
+        return DrafterData(torch.cat(tokens), condition.labels.cpu(), sources=source)
+    if condition.prompt_ids is not None:
+        return DrafterData(torch.cat(tokens), sources=source, prompts=condition.to("cpu"))
     return DrafterData(torch.cat(tokens), caption=condition.caption.half().cpu(),
-                       caption_mask=condition.caption_mask.cpu(),
-                       sources=(f"{condition.batch} self-distilled samples ({sampling})",))
+                       caption_mask=condition.caption_mask.cpu(), sources=source)
+
+
+def _rows(condition: Condition, part: slice) -> Condition:
+    return Condition(**{f: None if getattr(condition, f) is None else getattr(condition, f)[part]
+                        for f in condition.__dataclass_fields__})
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 # -------------------------------------------------------------------------------------- training
 
-def teacher_features(target: LlamaGenGPT, condition: Condition, tokens: torch.Tensor):
-    """Target hidden states over [prefix; tokens[:, :-1]] -> (features (B, T+N-1, dim), key_valid, T)."""
+@dataclass
+class TeacherPass:
+    """The frozen target over [prefix; tokens[:, :-1]]."""
+
+    features: torch.Tensor  # (B, T + N - 1, dim) last hidden states f_s
+    key_valid: torch.Tensor  # (B, T + N - 1) bool, False on padded prefix slots
+    prefix_len: int  # T
+    prefix_ids: torch.Tensor | None  # (B, T) prompt token ids of prompted families, else None
+
+
+def teacher_features(target: ImageTransformer, condition: Condition, tokens: torch.Tensor) -> TeacherPass:
+    """Target hidden states over [prefix; tokens[:, :-1]] (teacher forcing)."""
+    prefix_ids = None
     if condition.labels is not None:  # labels may include the null class (unconditional rows)
         embeddings = target.embed_condition(condition.labels.to(tokens.device))
         prefix_valid = torch.ones(embeddings.shape[:2], dtype=torch.bool, device=tokens.device)
     else:
         prefix = build_prefix(target, condition, guided=False)
-        embeddings, prefix_valid = prefix.embeddings, prefix.key_valid
+        embeddings, prefix_valid, prefix_ids = prefix.embeddings, prefix.key_valid, prefix.token_ids
     h = torch.cat([embeddings, target.embed_tokens(tokens[:, :-1])], dim=1)  # (B, T + N - 1, dim)
     L, T = h.shape[1], embeddings.shape[1]
     key_valid = torch.ones(h.shape[0], L, dtype=torch.bool, device=h.device)
     key_valid[:, :T] = prefix_valid
     positions = torch.arange(L, device=h.device)
     features = target(h, ForwardStep(positions, mask=attention_mask(key_valid, positions, L)))
-    return features, key_valid, T
+    return TeacherPass(features, key_valid, T, prefix_ids)
 
 
-def drafter_loss(drafter: EagleDrafter, target: LlamaGenGPT, condition: Condition, tokens: torch.Tensor,
+def drafter_loss(drafter: EagleDrafter, target: ImageTransformer, condition: Condition, tokens: torch.Tensor,
                  recipe: Recipe, generator: torch.Generator) -> tuple[torch.Tensor, dict]:
     """EAGLE loss on one batch: drafter position s sees (f_s, x_{s+1}) and predicts f_{s+1}."""
     with torch.no_grad():
-        features, key_valid, T = teacher_features(target, condition, tokens)
+        teacher = teacher_features(target, condition, tokens)
+    features, key_valid, T = teacher.features, teacher.key_valid, teacher.prefix_len
     B, L, _ = features.shape
     fed = torch.zeros(B, L, dtype=torch.long, device=tokens.device)
     fed[:, T - 1:] = tokens  # x_{s+1}: zeros over the prefix, then the image tokens
+    embeddings = None
+    if teacher.prefix_ids is not None:  # prompted: the next prompt token's embedding over the prompt
+        with torch.no_grad():
+            prompt = target.embed_prompt(teacher.prefix_ids[:, 1:])  # (B, T - 1, dim)
+        embeddings = torch.cat([prompt, drafter.embed_tokens(tokens).to(prompt.dtype)], dim=1)  # (B, L, dim)
     noise = (torch.rand(features.shape, generator=generator, device=features.device) - 0.5)
     noisy = features + noise * recipe.noise_std * 512 / L
     positions = torch.arange(L, device=features.device)
-    pred = drafter(noisy, fed, ForwardStep(positions, mask=attention_mask(key_valid, positions, L)))
+    pred = drafter(noisy, fed, ForwardStep(positions, mask=attention_mask(key_valid, positions, L)), embeddings)
     pred, goal = pred[:, T - 1:L - 1], features[:, T:]  # predictions of f_T .. f_{T+N-2} (real image tokens)
     value = F.smooth_l1_loss(pred.float(), goal.float())
     with torch.no_grad():
@@ -245,13 +293,13 @@ def _batch_order(n: int, batch: int, epoch: int, seed: int) -> list[torch.Tensor
     return [perm[i:i + batch] for i in range(0, n - batch + 1, batch)] or [perm]
 
 
-def train_drafter(target: LlamaGenGPT, data: DrafterData, recipe: Recipe, out: Path, resume: bool = False,
+def train_drafter(target: ImageTransformer, data: DrafterData, recipe: Recipe, out: Path, resume: bool = False,
                   drafter: EagleDrafter | None = None, max_steps: int | None = None) -> tuple[EagleDrafter, dict]:
     """Train (or resume) a drafter for `target` on `data`; returns the drafter and the training record.
     `max_steps` stops early (a resumable snapshot is written), for time-boxed runs and tests."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    device = target.output.weight.device
+    device = model_device(target)
     target.requires_grad_(False).eval()
     if drafter is None:
         drafter = EagleDrafter(DrafterConfig.for_target(target.config)).to(device)
@@ -313,7 +361,7 @@ def train_drafter(target: LlamaGenGPT, data: DrafterData, recipe: Recipe, out: P
 # ------------------------------------------------------------------------------------ evaluation
 
 @torch.no_grad()
-def measure_acceptance(target: LlamaGenGPT, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
+def measure_acceptance(target: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
                        seed: int) -> dict:
     """Mean accepted length and per-depth acceptance of exact decoding with the published trees."""
     from .drafting import DynamicShape
@@ -327,7 +375,7 @@ def measure_acceptance(target: LlamaGenGPT, drafter: EagleDrafter, condition: Co
     out = {}
     for name, spec in trees.items():
         result = speculative_generate(target, drafter, condition, sampling, spec,
-                                      make_generators(seed, condition.batch, target.output.weight.device))
+                                      make_generators(seed, condition.batch, model_device(target)))
         out[name] = {"mean_accepted_length": round(result.stats.mean_accepted_length, 3),
                      "acceptance_by_depth": [round(a, 3) for a in result.stats.acceptance_by_depth]}
         log.info("acceptance with %s: %s", name, out[name])
@@ -378,11 +426,12 @@ Loss {hist[0]["loss"]:.3f} -> {hist[-1]["loss"]:.3f}; top-1 agreement with the t
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lantern_core.train_drafter", description=__doc__.splitlines()[0])
-    p.add_argument("--target", required=True, help="'embedded' or a LlamaGen GPT checkpoint (file or HF folder)")
+    p.add_argument("--target", required=True, help="'embedded', a LlamaGen GPT checkpoint (file or HF folder), or "
+                   "an Anole / Janus-Pro model folder")
     p.add_argument("--vq", help="VQ tokenizer for --images (default: the embedded one with --target embedded)")
     p.add_argument("--t5", help="Flan-T5 folder (t2i targets)")
     p.add_argument("--images", type=Path, help="folder of training images (see module docs)")
-    p.add_argument("--prompts", type=Path, help="t2i self-distillation: a text file, one prompt per line")
+    p.add_argument("--prompts", type=Path, help="text-conditional self-distillation: a text file, one prompt per line")
     p.add_argument("--self-distill", type=int, default=0, help="samples per class / prompt drawn from the target")
     p.add_argument("--crops-per-class", type=int, default=None,
                    help="--target embedded: real crops per class of its photos (default 128 when no other data)")
@@ -414,19 +463,38 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def is_family_folder(path: Path) -> bool:
+    """Whether `path` is an Anole / Chameleon / Janus-Pro model folder (config.json model_type)."""
+    try:
+        return path.is_dir() and json.loads((path / "config.json").read_text()).get("model_type") in (
+            "chameleon", "janus", "multi_modality")
+    except (OSError, ValueError):
+        return False
+
+
 def train_from_args(args: argparse.Namespace) -> dict:
     from .checkpoints import load_gpt, load_vq
     from .embedded import load_embedded
 
     recipe = Recipe(**{k: getattr(args, k) for k in asdict(Recipe())})
+    prompted = None
     if args.target == "embedded":
         pipe = load_embedded(args.device)
         gpt, vq = pipe.gpt, pipe.vq.model if args.vq is None else load_vq(args.vq, args.device).model
+        target = gpt.model
+    elif is_family_folder(Path(args.target)):
+        from .families import load_prompted
+
+        prompted = load_prompted(args.target, device=args.device)
+        gpt, vq, target = None, prompted.vq, prompted.model
     else:
         gpt = load_gpt(args.target, device=args.device)
         vq = load_vq(args.vq, args.device).model if args.vq else None
-    target = gpt.model
-    encoder = None
+        target = gpt.model
+    encoder = prompted.encoder if prompted else None
+    if prompted and args.images:
+        raise ConfigError("--images", "self-distilled data (--prompts FILE --self-distill N) for an Anole / "
+                          "Janus-Pro target", str(args.images))
     if target.config.model_type == "t2i" and (args.images or args.prompts):
         from .text_encoder import T5CaptionEncoder
 
@@ -445,7 +513,7 @@ def train_from_args(args: argparse.Namespace) -> dict:
             cond = Condition(labels=labels)
         else:
             if not args.prompts:
-                raise ConfigError("--prompts", "a prompt file for t2i self-distillation", None)
+                raise ConfigError("--prompts", "a prompt file for text-conditional self-distillation", None)
             prompts = [x.strip() for x in args.prompts.read_text().splitlines() if x.strip()] * args.self_distill
             cond = encoder.encode(prompts)
         parts.append(self_distilled_data(target, cond, sampling, recipe.seed + 1000))
@@ -461,11 +529,15 @@ def train_from_args(args: argparse.Namespace) -> dict:
                   command="python -m lantern_core.train_drafter " + " ".join(args.argv))
     half = {k: v.half().float() if v.is_floating_point() else v for k, v in drafter.state_dict().items()}
     drafter.load_state_dict(half)  # what we save (fp16) is what we measured
-    if args.evaluate and target.config.model_type == "c2i":
-        labels = torch.arange(target.config.num_classes).repeat(2)
+    if args.evaluate and (target.config.model_type == "c2i" or prompted):
+        if prompted:
+            prompts = [x.strip() for x in args.prompts.read_text().splitlines() if x.strip()][:8]
+            cond = encoder.encode(prompts * max(1, 8 // len(prompts)), device=args.device)
+        else:
+            cond = Condition(labels=torch.arange(target.config.num_classes).repeat(2).to(args.device))
         sampling = SamplingConfig(cfg_scale=3.0, temperature=1.0)
-        record["evaluation"] = {"images": labels.numel(), "cfg": 3.0, "trees": measure_acceptance(
-            target, drafter, Condition(labels=labels.to(args.device)), sampling, seed=recipe.seed + 5000)}
+        record["evaluation"] = {"images": cond.batch, "cfg": 3.0, "trees": measure_acceptance(
+            target, drafter, cond, sampling, seed=recipe.seed + 5000)}
     save_drafter(drafter, args.out, extra={"target": args.target, "trained_steps": record["steps"]},
                  dtype=torch.float16)
     (args.out / "training_log.json").write_text(json.dumps(record, indent=2, sort_keys=True))

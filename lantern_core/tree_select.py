@@ -22,7 +22,7 @@ import torch
 
 from .generate import synchronize
 from .models.drafter import EagleDrafter
-from .models.gpt import ForwardStep, LlamaGenGPT
+from .models.gpt import ForwardStep, ImageTransformer
 from .tree import TreeSpec
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -57,7 +57,7 @@ def _time(fn, device: torch.device, reps: int) -> float:
 
 
 @torch.no_grad()
-def verify_times(model: LlamaGenGPT, rows: int, sizes: tuple[int, ...], reps: int) -> list[tuple[int, float]]:
+def verify_times(model: ImageTransformer, rows: int, sizes: tuple[int, ...], reps: int) -> list[tuple[int, float]]:
     """Seconds of one target forward + logits over n new tokens at a mid-image context, for each n in sizes
     (the speculative verify step; `bench.py` reports the same curve)."""
     device = model.tok_embeddings.weight.device
@@ -75,7 +75,7 @@ def verify_times(model: LlamaGenGPT, rows: int, sizes: tuple[int, ...], reps: in
 
 
 @torch.no_grad()
-def measure_costs(model: LlamaGenGPT, drafter: EagleDrafter, rows: int, reps: int = 3) -> CostCurve:
+def measure_costs(model: ImageTransformer, drafter: EagleDrafter, rows: int, reps: int = 3) -> CostCurve:
     """Time target verification for SIZES tree tokens and one drafter level, on the model's device."""
     device = model.tok_embeddings.weight.device
     length = model.config.cls_token_num + model.config.num_image_tokens // 2  # a mid-image cache

@@ -5,6 +5,7 @@ import torch
 from comfy_api.latest import io
 
 from ..lantern_core.images import to_unit_range
+from ..lantern_core.layout import image_codes
 
 from . import runtime
 from .types import LanternTokens, LanternTokensType
@@ -20,7 +21,8 @@ def decode(tokens: LanternTokens) -> torch.Tensor:
         with torch.no_grad():
             for chunk in tokens.tokens.split(DECODE_CHUNK):
                 runtime.check_interrupt()
-                images.append(to_unit_range(vq.model.decode(chunk.to(device))).to(runtime.intermediate_device()))
+                codes, grid = image_codes(tokens.model.config, chunk)  # drops Lumina's end-of-row tokens
+                images.append(to_unit_range(vq.model.decode(codes.to(device), grid)).to(runtime.intermediate_device()))
     return torch.cat(images)
 
 

@@ -15,8 +15,9 @@ class LanternDrafterLoader(io.ComfyNode):
             display_name="Lantern: Load Drafter",
             category="LANTERN/loaders",
             description="Loads the EAGLE-style drafter that proposes tokens for speculative decoding, checked "
-                        "against the target model (hidden size, vocabulary, grid). Released LANTERN drafters "
-                        "(a folder with config.json + pytorch_model.bin, e.g. jadohu/llamagen_drafter) or our "
+                        "against the target model (family, hidden size, vocabulary, grid). Released LANTERN drafters "
+                        "(a folder with config.json + pytorch_model.bin, e.g. jadohu/llamagen_drafter, "
+                        "jadohu/anole_drafter for Anole-7b) or our "
                         "own (config.json + model.safetensors) go in models/lantern/drafters; the embedded "
                         "model's drafter ships with the pack.",
             inputs=[

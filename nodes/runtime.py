@@ -103,9 +103,10 @@ def load_family_model(folder: Path, vq_path: Path | None, dtype: torch.dtype, na
         if vq is None:
             raise LanternError(f"'{name}' has no image tokenizer: put Chameleon's vqgan.ckpt in the folder or "
                                "choose it in vq_tokenizer")
-        if vq.config.codebook_size != loaded.config.vocab_size:
+        codes = loaded.config.vocab_size - int(loaded.config.row_end)  # Lumina's end-of-row token is no VQ code
+        if vq.config.codebook_size != codes:
             raise LanternError(f"the image tokenizer {vq_path or folder} has {vq.config.codebook_size} codes but "
-                               f"'{name}' draws {loaded.config.vocab_size}: choose the VQGAN released with the model")
+                               f"'{name}' draws {codes}: choose the VQGAN released with the model")
         handle = LanternModel(name=name, gpt=_patcher(loaded.model), vq=_patcher(vq), text_encoder=None,
                               tokenizer=None, dtype=dtype, prompt_encoder=loaded.encoder)
         _REGISTRY[key] = handle
@@ -121,7 +122,9 @@ def load_drafter(path: Path, model: LanternModel, name: str) -> LanternDrafter:
         cached = _REGISTRY.get(key)
         if cached is not None:
             return cached
-        loaded = load(path, model.config, device=mm.unet_offload_device(), dtype=model.dtype)
+        image_ids = getattr(getattr(model.gpt.model, "image", None), "token_ids", None)  # Chameleon code -> token id
+        loaded = load(path, model.config, device=mm.unet_offload_device(), dtype=model.dtype,
+                      image_token_ids=None if image_ids is None else image_ids.cpu())
         handle = LanternDrafter(name=name, drafter=_patcher(loaded.model), target_name=model.name,
                                 target_key=target_key(model))
         _REGISTRY[key] = handle

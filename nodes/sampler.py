@@ -9,6 +9,7 @@ from ..lantern_core.conditioning import Condition
 from ..lantern_core.config import SamplingConfig
 from ..lantern_core.generate import GenerationResult, estimate_run_bytes, generate
 from ..lantern_core.images import to_unit_range
+from ..lantern_core.layout import image_codes
 from ..lantern_core.errors import ConfigError, LanternError
 from ..lantern_core.jacobi import JacobiConfig, jacobi_generate
 from ..lantern_core.neighbors import load_or_build_neighbors
@@ -60,16 +61,18 @@ def expand(cond: LanternCond, batch_size: int) -> tuple[Condition, list[str]]:
 
 
 def _preview_decoder(model: LanternModel, device: torch.device):
-    side = model.config.grid_size
+    config = model.config
+    side = config.grid_size
     size = runtime.preview_size()
 
     def preview(tokens: torch.Tensor, done: int):
         from PIL import Image
 
-        grid = tokens[:1].clone()
-        grid[:, done:] = grid[:, max(done - 1, 0)]  # unfinished cells borrow the last token, then get greyed
+        codes, grid = image_codes(config, tokens[:1].clone())
+        done = done - done // config.row_stride if config.row_end else done  # codes done (no end-of-row tokens)
+        codes[:, done:] = codes[:, max(done - 1, 0)]  # unfinished cells borrow the last code, then get greyed
         with torch.no_grad():
-            image = to_unit_range(model.vq.model.decode(grid.to(device)))[0]  # (H, W, 3)
+            image = to_unit_range(model.vq.model.decode(codes.to(device), grid))[0]  # (H, W, 3)
         rows_done = (done + side - 1) // side
         pixels_per_row = image.shape[0] // side
         image[rows_done * pixels_per_row:] = 0.5

@@ -68,11 +68,20 @@ def write_tokenizer(path: Path, vocab: dict[str, int], specials: list[str]) -> N
     tok.save(str(path))
 
 
-def save_chameleon_folder(folder: Path, swin_norm: bool = False, seed: int = 0, text_vocab: int = 96):
-    """A transformers ChameleonForConditionalGeneration (QK-norm, GQA) in `folder`; returns the model."""
+LUMINA_SPECIALS = ["<reserved08799>"] + [f"<reserved{8800 + i:05d}>" for i in range(33)]  # row end; sizes to 1024 px
+
+
+def save_chameleon_folder(folder: Path, swin_norm: bool = False, seed: int = 0, text_vocab: int = 96,
+                          lumina: bool = False):
+    """A transformers ChameleonForConditionalGeneration (QK-norm, GQA) in `folder`; returns the model.
+    `lumina`: Lumina-mGPT's vocabulary (end-of-row and size tokens) and architectures name."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     vocab = chameleon_vocab(seed)
+    if lumina:
+        for name in LUMINA_SPECIALS:
+            vocab[name] = len(vocab)
+        text_vocab = max(text_vocab, len(vocab) + 4)
     config = ChameleonConfig(
         vocab_size=text_vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=512, swin_norm=swin_norm, vocabulary_map=vocab,
@@ -82,6 +91,10 @@ def save_chameleon_folder(folder: Path, swin_norm: bool = False, seed: int = 0, 
     _randomise(model, seed)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
+    if lumina:  # Alpha-VLLM's release names its own class
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["architectures"] = ["ChameleonXLLMXForConditionalGeneration"]
+        (folder / "config.json").write_text(json.dumps(cfg))
     specials = [n for n in vocab if n.startswith("<")]
     write_tokenizer(folder / "tokenizer.json", vocab, specials)
     return model
@@ -202,3 +215,27 @@ def _llamagen_vq_name(key: str) -> str:
     key = re.sub(r"^(decoder)\.up\.", r"\1.conv_blocks.", key)
     key = re.sub(r"\.block\.(\d+)\.", r".res.\1.", key)
     return key.replace("mid.block_1.", "mid.0.").replace("mid.attn_1.", "mid.1.").replace("mid.block_2.", "mid.2.")
+
+
+def write_released_anole_drafter(folder, reference, seed=7):
+    """LANTERN's `cnets_anole.Model` layout, built from transformers' ChameleonDecoderLayer: config.json
+    (model_type chameleon, one layer) + pytorch_model.bin with embed_tokens (the target's text embedding),
+    fc (+ bias) and layers.0.* (HF names, rotate-half q/k). Returns (layer, fc, embedding)."""
+    from transformers import ChameleonConfig
+    from transformers.models.chameleon.modeling_chameleon import ChameleonDecoderLayer
+
+    cfg = reference.config.to_dict()
+    cfg.update(num_hidden_layers=1, architectures=["ChameleonForConditionalGeneration"])
+    config = ChameleonConfig(**{k: v for k, v in cfg.items() if k not in ("transformers_version",)})
+    config._attn_implementation = "eager"
+    layer = ChameleonDecoderLayer(config, 0).eval()
+    fc = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=True)
+    holder = torch.nn.ModuleDict({"layer": layer, "fc": fc})
+    _randomise(holder, seed)
+    embedding = reference.get_input_embeddings().weight.detach().clone()
+    sd = {"embed_tokens.weight": embedding, "fc.weight": fc.weight.detach(), "fc.bias": fc.bias.detach()}
+    sd.update({f"layers.0.{k}": v.detach() for k, v in layer.state_dict().items()})
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(sd, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "chameleon"}, default=str))
+    return layer, fc, embedding, config

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import GPTConfig
+from ..layout import constrain
 from .kv_cache import KVCache
 from .rope import apply_rope, build_rope_1d, build_rope_2d
 
@@ -200,6 +201,11 @@ class ImageTransformer(Fp32Rope):
         if c.rope_dims == 1:  # one row per cache slot (prompt + image), plus the spare rows
             return build_rope_1d(c.max_seq_len + ROPE_EXTRA_ROWS, c.head_dim, c.rope_base)
         return build_rope_2d(c.grid_size, c.head_dim, c.rope_base, c.cls_token_num, extra_rows=ROPE_EXTRA_ROWS)
+
+    def constrain_logits(self, logits: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
+        """The family's forced-token layout (Lumina-mGPT's end-of-row tokens) on CFG-combined logits for
+        image-token indices `index`; the identity for every other model (see `layout.py`)."""
+        return constrain(self.config, logits, index)
 
     def forward(self, h: torch.Tensor, step: ForwardStep) -> torch.Tensor:
         """Run the trunk on embeddings h (B, T, dim); returns final-normed hidden states (B, T, dim)."""

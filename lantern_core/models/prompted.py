@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..config import GPTConfig
 from ..errors import ConfigError
-from .gpt import ImageTransformer
+from .gpt import HeadLayerNorm, ImageTransformer, RMSNorm
 
 
 class ChameleonImageIO(nn.Module):
@@ -87,6 +87,10 @@ class PromptedImageLM(ImageTransformer):
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, 0.0, std, generator=generator)
                 if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (RMSNorm, HeadLayerNorm)):  # unit norms (also after `to_empty`)
+                nn.init.ones_(module.weight)
+                if isinstance(module, HeadLayerNorm):
                     nn.init.zeros_(module.bias)
         if isinstance(self.image, ChameleonImageIO):
             V = self.config.vocab_size

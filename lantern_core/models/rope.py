@@ -55,3 +55,14 @@ def permute_rotate_half(weight: torch.Tensor, heads: int) -> torch.Tensor:
     rest = per_head // head_dim
     # (H, 2, D/2, rest) -> (H, D/2, 2, rest): channels j and j + D/2 become neighbours
     return weight.reshape(heads, 2, head_dim // 2, rest).transpose(1, 2).reshape(shape)
+
+
+def unpermute_rotate_half(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Inverse of `permute_rotate_half`: interleaved pairs back to rotate-half order (for writing files in
+    the HF / LANTERN convention)."""
+    shape = weight.shape
+    per_head = weight.numel() // heads
+    head_dim = shape[1] if (weight.dim() == 2 and shape[0] == heads) else shape[0] // heads
+    rest = per_head // head_dim
+    # (H, D/2, 2, rest) -> (H, 2, D/2, rest)
+    return weight.reshape(heads, head_dim // 2, 2, rest).transpose(1, 2).reshape(shape)

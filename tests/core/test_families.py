@@ -208,14 +208,20 @@ def test_chameleon_vqgan_loads_from_a_taming_checkpoint_and_encodes_like_transfo
 
 
 def test_family_benchmark_writes_a_report(tmp_path):
-    """`python -m lantern_core.bench_families` on the CPU: every family, every method, cost curve, files."""
+    """`python -m lantern_core.bench_families` on the CPU: every family (Anole, Lumina, Janus), every method
+    (AR, Jacobi, drafter modes with a briefly trained drafter), cost curve, files."""
     from lantern_core.bench_families import main
 
-    report = main(["--out", str(tmp_path), "--images", "1"])
-    assert [r["family"] for r in report["rows"]] == ["chameleon", "janus"]
+    report = main(["--out", str(tmp_path), "--images", "1", "--train-steps", "2", "--grid", "6"])
+    assert [r["model"] for r in report["rows"]] == ["chameleon tiny (random)", "lumina tiny (random)",
+                                                    "janus tiny (random)"]
+    assert report["rows"][1]["image_tokens"] == 6 * 7  # Lumina: an end-of-row token per row
     for row in report["rows"]:
-        assert set(row["methods"]) == {"ar", "sjd", "sjd_coupled"}
+        assert set(row["methods"]) == {"ar", "sjd", "sjd_coupled", "static_tree", "lantern_pp"}
         assert row["methods"]["ar"]["forward_passes"] == row["image_tokens"]
-        assert row["methods"]["sjd_coupled"]["forward_passes"] <= row["image_tokens"]
+        for name in ("sjd_coupled", "static_tree", "lantern_pp"):
+            assert row["methods"][name]["forward_passes"] <= row["image_tokens"]
         assert [n for n, _ in row["curve_ms"]][:2] == [1, 2] and all(ms > 0 for _, ms in row["curve_ms"])
-    assert (tmp_path / "families_cpu_float32.md").read_text().count("| janus tiny (random) |") == 3
+    # Lumina's forced end-of-row drafts are always accepted, so drafting passes > 1 token per step even untrained
+    assert report["rows"][1]["methods"]["lantern_pp"]["mean_accepted_length"] > 1.0
+    assert (tmp_path / "families_cpu_float32.md").read_text().count("| janus tiny (random) |") == 5

@@ -35,8 +35,9 @@ def data(target):
 def test_teacher_features_match_the_generation_forward(target, data):
     """f_s used in training equals the target's final hidden state at s in a plain causal run."""
     cond = data.batch(torch.arange(3), target, torch.zeros(3, dtype=torch.bool))
-    feats, valid, T = teacher_features(target, cond, data.tokens[:3])
-    assert T == 1 and feats.shape == (3, TINY_C2I.num_image_tokens, TINY_C2I.dim) and valid.all()
+    teacher = teacher_features(target, cond, data.tokens[:3])
+    feats, valid, T = teacher.features, teacher.key_valid, teacher.prefix_len
+    assert T == 1 and teacher.prefix_ids is None and feats.shape == (3, TINY_C2I.num_image_tokens, TINY_C2I.dim) and valid.all()
     logits = target.training_logits(cond.labels, data.tokens[:3])
     torch.testing.assert_close(target.logits(feats), logits)
 

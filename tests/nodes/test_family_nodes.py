@@ -14,9 +14,9 @@ from lantern_core.config import SamplingConfig
 from lantern_core.families import load_prompted
 from lantern_core.generate import generate
 from lantern_core.sampling import make_generators
-from tiny_families import save_chameleon_folder, save_chameleon_vqgan, save_janus_folder
+from tiny_families import save_chameleon_folder, save_chameleon_vqgan, save_janus_folder, write_released_anole_drafter
 
-JANUS, ANOLE, ANOLE_NO_VQ = "Janus-Pro-tiny", "Anole-tiny", "Anole-tiny-no-vqgan"
+JANUS, ANOLE, ANOLE_NO_VQ, LUMINA = "Janus-Pro-tiny", "Anole-tiny", "Anole-tiny-no-vqgan", "Lumina-mGPT-tiny"
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +25,13 @@ def folders(pack):
 
     root = Path(folder_paths.get_folder_paths("lantern_checkpoints")[0])
     save_janus_folder(root / JANUS, seed=1, grid=4)
-    save_chameleon_folder(root / ANOLE, seed=2)
+    reference = save_chameleon_folder(root / ANOLE, seed=2)
     save_chameleon_vqgan(root / ANOLE / "tokenizer" / "vqgan.ckpt")
+    drafters = Path(folder_paths.get_folder_paths("lantern_drafters")[0])
+    write_released_anole_drafter(drafters / "anole_drafter", reference)
     save_chameleon_folder(root / ANOLE_NO_VQ, seed=3)
+    save_chameleon_folder(root / LUMINA, seed=4, lumina=True)
+    save_chameleon_vqgan(root / LUMINA / "vqgan.ckpt")
     return root
 
 
@@ -110,3 +114,43 @@ def test_anole_folder_with_its_vqgan_generates_images(node, folders):
     assert tokens.tokens.unique().numel() > 8  # sampled, not collapsed
     image = node["LanternDecode"].execute(tokens=tokens).args[0]
     assert image.shape == (1, 32 * model.vq.model.config.downsample, 32 * model.vq.model.config.downsample, 3)
+
+
+def test_released_anole_drafter_through_the_nodes(node, folders):
+    """jadohu/anole_drafter's layout in models/lantern/drafters is listed, loads against the Anole folder
+    (refused for Janus), and greedy LANTERN++ (static tree, lambda = 1) reproduces greedy AR."""
+    from lantern_pack.lantern_core.errors import LanternError
+
+    anole, janus = load(node, ANOLE), load(node, JANUS)
+    loader = node["LanternDrafterLoader"]
+    assert "anole_drafter/" in loader.define_schema().inputs[1].options
+    with pytest.raises(LanternError, match="Chameleon target .* janus target"):
+        loader.execute(model=janus, drafter="anole_drafter/")
+    drafter = loader.execute(model=anole, drafter="anole_drafter/").args[0]
+    assert drafter.config.family == "chameleon" and drafter.config.vocab_size == 64
+    dec = node["LanternDecodingConfig"].execute(mode="lantern_pp", drafter=drafter, tree="naive_extend_57",
+                                                chain_length=4, custom_tree="[[0]]", lantern_k=5, delta=0.1,
+                                                lam=1.0, eagle_depth=4, eagle_top_k=4, eagle_nodes=12).args[0]
+    kwargs = dict(cfg=3.0, batch_size=1)
+    ar = sample(node, anole, "a painting of a dog", **kwargs).args[0]
+    spec, stats = sample(node, anole, "a painting of a dog", decoding=dec, **kwargs).args[:2]
+    assert torch.equal(spec.tokens, ar.tokens) and stats.startswith("lantern_pp")
+
+
+def test_lumina_folder_draws_rows_with_end_tokens_and_decodes(node, folders):
+    """Lumina-mGPT at its default 768 px: 48 rows of 48 codes + a forced end-of-row token each; the decode
+    drops those tokens; coupled SJD keeps the layout."""
+    model = load(node, LUMINA)
+    assert model.family == "chameleon" and model.config.row_end and model.config.grid_size == 48
+    dec = node["LanternDecodingConfig"].execute(mode="sjd_coupled", drafter=None, tree="auto", chain_length=4,
+                                                custom_tree="[[0]]", lantern_k=10, delta=0.1, lam=5.0,
+                                                eagle_depth=4, eagle_top_k=4, eagle_nodes=12).args[0]
+    tokens = sample(node, model, "a red cat", decoding=dec, cfg=3.0, temperature=1.0, top_k=20, batch_size=1,
+                    seed=3).args[0]
+    assert tokens.tokens.shape == (1, 48 * 49)
+    grid = tokens.tokens.view(48, 49)
+    row_end = model.config.vocab_size - 1
+    assert (grid[:, -1] == row_end).all() and (grid[:, :-1] != row_end).all()
+    image = node["LanternDecode"].execute(tokens=tokens).args[0]
+    side = 48 * model.vq.model.config.downsample
+    assert image.shape == (1, side, side, 3)

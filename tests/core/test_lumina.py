@@ -1,0 +1,130 @@
+"""Lumina-mGPT on the shared Chameleon trunk: a tiny Chameleon folder written by transformers with
+Lumina's vocabulary and architectures name loads as Lumina (end-of-row token as the last image code,
+size tokens in the prompt, image-start-triggered unconditional row); greedy images equal a reference
+loop that follows Lumina's generator step by step (CFG on raw logits, forced end-of-row tokens, non-image
+tokens suppressed) over transformers' own model; every decoder keeps the row layout when sampling."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lantern_core.config import SamplingConfig
+from lantern_core.families import is_lumina, load_prompted
+from lantern_core.generate import generate
+from lantern_core.jacobi import JacobiConfig, jacobi_generate
+from lantern_core.layout import image_codes
+from lantern_core.models.drafter import EagleDrafter
+from lantern_core.config import DrafterConfig
+from lantern_core.sampling import make_generators
+from lantern_core.speculative import SpeculativeConfig, speculative_generate
+from lantern_core.neighbors import build_neighbors
+from lantern_core.relaxation import Relaxation
+from lantern_core.tree import NAIVE_EXTEND_57
+from tests.tiny_families import IMAGE_CODES, chameleon_vocab, save_chameleon_folder, save_chameleon_vqgan
+
+GRID = 4  # 4 rows of 4 codes + an end-of-row token: 20 image tokens
+
+
+@pytest.fixture(scope="module")
+def lumina(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-xllmx")
+    reference = save_chameleon_folder(folder, seed=12, lumina=True)
+    save_chameleon_vqgan(folder / "vqgan.ckpt")
+    return folder, reference, load_prompted(folder, grid_size=GRID, max_prompt_tokens=48)
+
+
+def test_lumina_folder_is_recognised_with_its_layout_and_prompt(lumina):
+    folder, _, loaded = lumina
+    config, vocab = loaded.config, chameleon_vocab(12)
+    assert loaded.source_format == "hf-lumina" and config.row_end and config.vocab_size == IMAGE_CODES + 1
+    assert config.num_image_tokens == GRID * (GRID + 1)
+    assert int(loaded.model.image.token_ids[-1]) == loaded.encoder.tokenizer.token_to_id("<reserved08799>")
+    cond = loaded.encoder.encode(["a red cat"])
+    size = loaded.encoder.tokenizer.token_to_id("<reserved08802>")  # 4 tokens x 16 px = 64 px: 8800 + 64 / 32
+    start = vocab["<racm3:break>"]
+    assert cond.prompt_ids[0, -4:].tolist() == [vocab["<reserved08706>"], start, size, size]
+    assert cond.prompt_ids[0, 0] == vocab["<s>"]
+    assert cond.uncond_ids[0][cond.uncond_mask[0]].tolist() == [start, size, size]  # no BOS
+    text = loaded.encoder.format.template.format(prompt="x")
+    assert text.startswith("Generate an image of 64x64 according to the following prompt:\n")
+    assert is_lumina(folder.parent / "Lumina-mGPT-7B-768", {}) and not is_lumina(folder.parent / "Anole-7b", {})
+
+
+def reference_greedy(reference, loaded, prompt: str, cfg: float) -> list[int]:
+    """Lumina's generator, step by step, on transformers' model: full forwards (no cache) of the
+    conditional and unconditional contexts, CFG on raw logits, then the row constraint."""
+    encoder = loaded.encoder
+    cond = encoder.token_ids(prompt)
+    uncond = encoder.uncond_ids(cond)
+    row_end = encoder.tokenizer.token_to_id("<reserved08799>")
+    image_ids = loaded.model.image.token_ids[:-1]
+    out: list[int] = []
+    for i in range(loaded.config.num_image_tokens):
+        with torch.no_grad():
+            logits = [reference.lm_head(reference.model(input_ids=torch.tensor([ctx + out])).last_hidden_state)[0, -1]
+                      for ctx in (cond, uncond)]
+        mixed = logits[1] + cfg * (logits[0] - logits[1])
+        if (i + 1) % (GRID + 1) == 0:
+            out.append(row_end)
+            continue
+        allowed = torch.full_like(mixed, float("-inf"))
+        allowed[image_ids] = 0
+        out.append(int((mixed + allowed).argmax()))
+    return out
+
+
+def test_greedy_lumina_image_equals_the_reference_generator(lumina):
+    _, reference, loaded = lumina
+    for prompt in ("a red cat", "a painting of the sky"):
+        condition = loaded.encoder.encode([prompt])
+        with torch.no_grad():
+            ours = generate(loaded.model, condition, SamplingConfig(cfg_scale=3.0, temperature=0.0),
+                            make_generators(0, 1, "cpu")).tokens[0]
+        expected = reference_greedy(reference, loaded, prompt, 3.0)
+        assert loaded.model.image.token_ids[ours].tolist() == expected
+        assert len(set(expected)) > 4
+
+
+def layout_ok(config, tokens: torch.Tensor) -> bool:
+    index = torch.arange(tokens.shape[1])
+    row_end = (index + 1) % config.row_stride == 0
+    eol = config.vocab_size - 1
+    return bool((tokens[:, row_end] == eol).all() and (tokens[:, ~row_end] != eol).all())
+
+
+def test_every_decoder_keeps_the_row_layout_and_greedy_modes_equal_ar(lumina):
+    _, _, loaded = lumina
+    model, config = loaded.model, loaded.config
+    condition = loaded.encoder.encode(["a red cat", "a photo of a dog on the grass", "the sky"])
+    drafter = EagleDrafter(DrafterConfig.for_target(config)).eval()
+    drafter.init_from_target(model, torch.Generator().manual_seed(2), std=0.2)
+    runs = {
+        "ar": lambda s, g: generate(model, condition, s, g),
+        "sjd": lambda s, g: jacobi_generate(model, condition, s, JacobiConfig(window=4), g),
+        "sjd_coupled": lambda s, g: jacobi_generate(model, condition, s, JacobiConfig(window=4, coupled=True), g),
+        "static_tree": lambda s, g: speculative_generate(
+            model, drafter, condition, s, SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57), g),
+    }
+    # relaxed modes read a (codebook, k) neighbour table; the end-of-row code is appended as its own neighbour
+    neighbors = build_neighbors(loaded.vq.quantize.embedding.weight, 4)
+    relaxed = {
+        "sjd_relaxed": lambda s, g: jacobi_generate(model, condition, s, JacobiConfig(
+            window=4, relaxation=Relaxation(k=4, lam=1.0)), g, neighbors),
+        "lantern_pp": lambda s, g: speculative_generate(model, drafter, condition, s, SpeculativeConfig(
+            tree="static", static_tree=NAIVE_EXTEND_57, relaxation=Relaxation(k=4, lam=1.0)), g, neighbors),
+        "lantern": lambda s, g: speculative_generate(model, drafter, condition, s, SpeculativeConfig(
+            tree="dynamic", relaxation=Relaxation(k=4, delta=0.0)), g, neighbors),
+    }
+    greedy = SamplingConfig(cfg_scale=3.0, temperature=0.0)
+    sampled = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=20)
+    with torch.no_grad():
+        base = runs["ar"](greedy, make_generators(0, 3, "cpu")).tokens
+        for name, run in {**runs, **relaxed}.items():  # lambda 1 / delta 0: relaxed modes are exact
+            assert torch.equal(run(greedy, make_generators(0, 3, "cpu")).tokens, base), name
+            tokens = run(sampled, make_generators(5, 3, "cpu")).tokens
+            assert layout_ok(config, tokens), name
+            assert tokens.unique().numel() > 8, name
+    codes, grid = image_codes(config, base)
+    assert grid == (GRID, GRID) and codes.shape == (3, GRID * GRID) and int(codes.max()) < IMAGE_CODES
+    assert loaded.vq.decode(codes, grid).shape == (3, 3, GRID * loaded.vq.config.downsample,
+                                                   GRID * loaded.vq.config.downsample)
