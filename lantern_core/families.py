@@ -29,7 +29,7 @@ from .family_io import chameleon_state, janus_state, taming_to_ours
 from .models.prompted import PromptedImageLM
 from .models.vq import VQModel
 from .prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, _token_id, chameleon_image_token_ids, load_tokenizer,
-                      lumina_format)
+                      lumina_format, lumina_size_token)
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,23 @@ def _build_vq(path: Path, sd: dict[str, torch.Tensor], l2_norm: bool) -> VQModel
     return model.eval()
 
 
+LUMINA_IDS = {LUMINA_ROW_END: 8803, "<reserved08706>": 8710, "<racm3:break>": 8197}  # as its generator hard-codes
+
+
+def check_lumina_ids(tokenizer, path: Path, grid: int) -> None:
+    """Lumina's generator hard-codes token ids (end-of-row 8803, size 8804 + px / 32); we find them by name,
+    so on the full 65,536-token vocabulary the names must land on those ids."""
+    if tokenizer.get_vocab_size() < 65536:
+        return  # a reduced vocabulary (tests): names only
+    expected = {**LUMINA_IDS, lumina_size_token(grid * 16): 8804 + grid * 16 // 32}
+    for name, want in expected.items():
+        found = tokenizer.token_to_id(name)
+        if found != want:
+            raise CheckpointError(path, f"token {name!r} at id {want} (Lumina-mGPT's generator uses that id)",
+                                  f"id {found}", "use Chameleon's tokenizer (text_tokenizer.json) shipped with the "
+                                  "model")
+
+
 def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                   grid_size: int | None = None, max_prompt_tokens: int = DEFAULT_MAX_PROMPT,
                   vq_dtype: torch.dtype | None = None) -> LoadedPrompted:
@@ -206,6 +223,7 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     if family == "chameleon":
         token_ids = chameleon_image_token_ids(tokenizer, config.vocab_size - int(lumina), tokenizer_path)
         if lumina:  # the end-of-row token is the last image code
+            check_lumina_ids(tokenizer, tokenizer_path, grid)
             row_end = torch.tensor([_token_id(tokenizer, LUMINA_ROW_END, tokenizer_path)])
             token_ids = torch.cat([token_ids, row_end])
         sd = chameleon_state(folder, tensors, config, token_ids)

@@ -106,7 +106,7 @@ def drafter_for(target, seed=1):
 
 
 @pytest.mark.parametrize("family", ["anole", "janus"])
-@pytest.mark.parametrize("mode", ["static", "chain", "eagle2", "lantern_pp_lambda1"])
+@pytest.mark.parametrize("mode", ["static", "chain", "eagle2", "lantern_pp_lambda1", "sjd_relaxed_lambda1"])
 def test_greedy_speculative_modes_equal_greedy_ar_on_the_families(family, mode, anole, janus):
     loaded = anole[2] if family == "anole" else janus[1]
     target, encoder = loaded.model, loaded.encoder
@@ -118,16 +118,23 @@ def test_greedy_speculative_modes_equal_greedy_ar_on_the_families(family, mode, 
         spec = SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57)
     elif mode == "chain":
         spec = SpeculativeConfig(tree="static", static_tree=chain_tree(4))
-    elif mode == "eagle2":
+    elif mode in ("eagle2", "sjd_relaxed_lambda1"):
         spec = SpeculativeConfig(tree="dynamic", dynamic=DynamicShape(depth=3, top_k=4, nodes=12))
     else:
         spec = SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57,
                                  relaxation=Relaxation(k=5, lam=1.0))
         neighbors = build_neighbors(loaded.vq.quantize.embedding.weight, 5)
+    if mode == "sjd_relaxed_lambda1":  # relaxed Jacobi (LANTERN++ rule on the window), exact at lambda 1
+        from lantern_core.jacobi import JacobiConfig, jacobi_generate
+
+        neighbors = build_neighbors(loaded.vq.quantize.embedding.weight, 5)
+        window = JacobiConfig(window=4, relaxation=Relaxation(k=5, lam=1.0))
+        run = lambda g: jacobi_generate(target, condition, sampling, window, g, neighbors)  # noqa: E731
+    else:
+        run = lambda g: speculative_generate(target, drafter, condition, sampling, spec, g, neighbors)  # noqa: E731
     with torch.no_grad():
         ar = generate(target, condition, sampling, make_generators(0, 3, torch.device("cpu")))
-        spec_out = speculative_generate(target, drafter, condition, sampling, spec,
-                                        make_generators(0, 3, torch.device("cpu")), neighbors)
+        spec_out = run(make_generators(0, 3, torch.device("cpu")))
     assert ar.tokens.unique().numel() > 4
     assert torch.equal(spec_out.tokens, ar.tokens)
     assert spec_out.stats.forward_passes < 3 * target.config.num_image_tokens or mode == "chain"

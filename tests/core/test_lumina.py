@@ -128,3 +128,25 @@ def test_every_decoder_keeps_the_row_layout_and_greedy_modes_equal_ar(lumina):
     assert grid == (GRID, GRID) and codes.shape == (3, GRID * GRID) and int(codes.max()) < IMAGE_CODES
     assert loaded.vq.decode(codes, grid).shape == (3, 3, GRID * loaded.vq.config.downsample,
                                                    GRID * loaded.vq.config.downsample)
+
+
+def test_full_vocabularies_must_put_luminas_tokens_at_its_hard_coded_ids(tmp_path):
+    """Lumina's generator uses raw ids (end-of-row 8803, sizes 8804 + px / 32); on a full 65,536-token
+    vocabulary the names we look up must sit there, else the folder is refused with the ids named."""
+    from lantern_core.errors import CheckpointError
+    from lantern_core.families import check_lumina_ids
+    from lantern_core.prompts import load_tokenizer
+    from tests.tiny_families import write_tokenizer
+
+    def vocabulary(shift: int) -> dict[str, int]:
+        names = {i: f"tok{i}" for i in range(65536)}
+        names[8197], names[8710] = "<racm3:break>", "<reserved08706>"
+        for i in range(8799, 8833):
+            names[i + 4 + shift] = f"<reserved{i:05d}>"  # reserved number = id - 4 (Chameleon's vocabulary)
+        return {name: i for i, name in names.items()}
+
+    write_tokenizer(tmp_path / "good.json", vocabulary(0), [])
+    check_lumina_ids(load_tokenizer(tmp_path / "good.json"), tmp_path / "good.json", 48)
+    write_tokenizer(tmp_path / "bad.json", vocabulary(1), [])
+    with pytest.raises(CheckpointError, match="8803"):
+        check_lumina_ids(load_tokenizer(tmp_path / "bad.json"), tmp_path / "bad.json", 48)
