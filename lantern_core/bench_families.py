@@ -52,19 +52,19 @@ def family_config(family: str, size: str, grid: int | None = None) -> GPTConfig:
     shapes = {
         ("chameleon", "7b"): dict(dim=4096, n_layer=32, n_head=32, ffn_dim=11008, text_vocab_size=65536,
                                   vocab_size=8192, grid_size=32),
-        ("lumina", "7b"): dict(dim=4096, n_layer=32, n_head=32, ffn_dim=11008, text_vocab_size=65536,
-                               vocab_size=8193, grid_size=48),
         ("janus", "7b"): dict(dim=4096, n_layer=30, n_head=32, ffn_dim=11008, text_vocab_size=102400,
                               vocab_size=16384, grid_size=24),
         ("janus", "1b"): dict(dim=2048, n_layer=24, n_head=16, ffn_dim=5632, text_vocab_size=102400,
                               vocab_size=16384, grid_size=24),
         ("chameleon", "tiny"): dict(dim=256, n_layer=4, n_head=4, ffn_dim=688, text_vocab_size=8704,
                                     vocab_size=8192, grid_size=16),
-        ("lumina", "tiny"): dict(dim=256, n_layer=4, n_head=4, ffn_dim=688, text_vocab_size=8704,
-                                 vocab_size=8193, grid_size=16),
         ("janus", "tiny"): dict(dim=256, n_layer=4, n_head=4, ffn_dim=688, text_vocab_size=4096,
                                 vocab_size=16384, grid_size=16),
     }
+    if family == "lumina":  # Chameleon's shape, the end-of-row token as one more image code, 768 px
+        base = shapes[("chameleon", size)]
+        shapes[(family, size)] = {**base, "vocab_size": base["vocab_size"] + 1,
+                                  "grid_size": 48 if size == "7b" else base["grid_size"]}
     shape = {**shapes[(family, size)], **({"grid_size": grid} if grid else {})}
     extra = dict(qk_norm=True, family="chameleon", row_end=family == "lumina") if family != "janus" else \
         dict(image_embed_dim=8, family="janus")

@@ -27,7 +27,7 @@ from .checkpoints import load_state_strict, strip_prefixes
 from .config import HEADS_BY_DIM, DrafterConfig, GPTConfig
 from .errors import CheckpointError, ConfigError
 from .models.drafter import EagleDrafter
-from .models.rope import permute_rotate_half, unpermute_rotate_half
+from .models.rope import interleave_head_norm, permute_rotate_half, unpermute_rotate_half
 
 DRAFTER_FIX = ("choose the drafter trained for this target model (a folder with config.json + "
                "pytorch_model.bin or model.safetensors, e.g. jadohu/llamagen_drafter for LlamaGen-T2I stage I), "
@@ -115,11 +115,7 @@ def to_interleaved(sd: dict[str, torch.Tensor], config: DrafterConfig) -> dict[s
         for part in ("weight", "bias"):
             key = f"layers.0.attention.{name}_norm.{part}"
             if key in out:
-                value = out[key]
-                if value.dim() == 1:  # one (D,) vector shared by the heads (older conversions)
-                    value = value[None].expand(heads, -1).contiguous()
-                if value.shape == (heads, head_dim):
-                    out[key] = permute_rotate_half(value, heads)
+                out[key] = interleave_head_norm(out[key], heads, head_dim)
     return out
 
 

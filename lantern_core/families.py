@@ -28,8 +28,8 @@ from .errors import CheckpointError, ConfigError
 from .family_io import chameleon_state, janus_state, taming_to_ours
 from .models.prompted import PromptedImageLM
 from .models.vq import VQModel
-from .prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, _token_id, chameleon_image_token_ids, load_tokenizer,
-                      lumina_format, lumina_size_token)
+from .prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, chameleon_image_token_ids, load_tokenizer,
+                      lumina_format, lumina_size_token, token_id)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,18 @@ def detect_family(folder: str | Path) -> tuple[str, str]:
         raise CheckpointError(folder / "config.json", f"model_type one of {sorted(LAYOUTS)} (Chameleon / Anole / "
                               "Lumina-mGPT, Janus-Pro)", repr(model_type), FIX)
     return LAYOUTS[model_type]
+
+
+def family_of(path: str | Path) -> str | None:
+    """The prompted family ("chameleon", "janus") of a model folder, or None for anything else (a file,
+    a folder without config.json, another model_type)."""
+    path = Path(path)
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        return None
+    try:
+        return detect_family(path)[0]
+    except CheckpointError:
+        return None
 
 
 def is_lumina(folder: Path, cfg: dict) -> bool:
@@ -195,9 +207,10 @@ def check_lumina_ids(tokenizer, path: Path, grid: int) -> None:
 
 def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                   grid_size: int | None = None, max_prompt_tokens: int = DEFAULT_MAX_PROMPT,
-                  vq_dtype: torch.dtype | None = None) -> LoadedPrompted:
+                  vq_dtype: torch.dtype | None = None, vqgan: str | Path | None = None) -> LoadedPrompted:
     """Load a Chameleon / Janus-Pro folder strictly: model, prompt encoder and (when present) VQ decoder
-    (in `vq_dtype`, default the model's dtype)."""
+    (in `vq_dtype`, default the model's dtype). `vqgan`: a Chameleon VQGAN file to use instead of the
+    folder's."""
     folder = Path(folder)
     family, layout = detect_family(folder)
     cfg = read_config(folder)
@@ -224,10 +237,10 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
         token_ids = chameleon_image_token_ids(tokenizer, config.vocab_size - int(lumina), tokenizer_path)
         if lumina:  # the end-of-row token is the last image code
             check_lumina_ids(tokenizer, tokenizer_path, grid)
-            row_end = torch.tensor([_token_id(tokenizer, LUMINA_ROW_END, tokenizer_path)])
+            row_end = torch.tensor([token_id(tokenizer, LUMINA_ROW_END, tokenizer_path)])
             token_ids = torch.cat([token_ids, row_end])
         sd = chameleon_state(folder, tensors, config, token_ids)
-        vq, vq_source = load_chameleon_vq(folder)
+        vq, vq_source = (load_chameleon_vqgan(Path(vqgan)), str(vqgan)) if vqgan else load_chameleon_vq(folder)
         if vq is None:
             notes.append("no Chameleon VQGAN (vqgan.safetensors / vqgan.ckpt) in the folder: tokens only, "
                          "images cannot be decoded")

@@ -24,7 +24,7 @@ import torch
 from .checkpoints import HF_LAYER_MAP as LAYER_MAP
 from .config import GPTConfig
 from .errors import CheckpointError
-from .models.rope import permute_rotate_half
+from .models.rope import interleave_head_norm, permute_rotate_half
 
 QKV = re.compile(r"self_attn\.([qkv])_proj\.weight")
 QK_NORM = re.compile(r"self_attn\.([qk])_norm\.(weight|bias)")
@@ -68,7 +68,7 @@ def map_decoder_layers(path: Path, tensors: dict[str, torch.Tensor], prefix: str
                 qkv.setdefault(layer, {})[q.group(1)] = value
             elif n := QK_NORM.fullmatch(name):
                 heads = config.n_head if n.group(1) == "q" else config.n_kv_head
-                out[f"layers.{layer}.attention.{n.group(1)}_norm.{n.group(2)}"] = _head_norm(value, heads, config)
+                out[f"layers.{layer}.attention.{n.group(1)}_norm.{n.group(2)}"] = interleave_head_norm(value, heads, config.head_dim)
             elif name in LAYER_MAP:
                 out[f"layers.{layer}.{LAYER_MAP[name]}"] = value
             else:
@@ -83,16 +83,6 @@ def map_decoder_layers(path: Path, tensors: dict[str, torch.Tensor], prefix: str
         k = permute_rotate_half(parts["k"], config.n_kv_head)
         out[f"layers.{layer}.attention.wqkv.weight"] = torch.cat([q, k, parts["v"]], dim=0)
     return out
-
-
-def _head_norm(value: torch.Tensor, heads: int, config: GPTConfig) -> torch.Tensor:
-    """Chameleon's QK-norm parameter: (heads, D) (transformers), or one (D,) vector shared by the heads
-    (older conversions), permuted like the projections."""
-    if value.dim() == 1:
-        value = value[None].expand(heads, -1).contiguous()
-    if value.shape != (heads, config.head_dim):
-        return value  # the strict load reports the shape
-    return permute_rotate_half(value, heads)
 
 
 def _leftovers(tensors: dict[str, torch.Tensor], handled: tuple[str, ...], unused: tuple[str, ...]) -> dict:

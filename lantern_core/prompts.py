@@ -89,7 +89,7 @@ def load_tokenizer(path: str | Path):
                               "copy tokenizer.json from the model's download into this folder") from exc
 
 
-def _token_id(tokenizer, token: str, path: str | Path) -> int:
+def token_id(tokenizer, token: str, path: str | Path) -> int:
     index = tokenizer.token_to_id(token)
     if index is None:
         raise CheckpointError(path, f"the special token {token!r} in the tokenizer", "no such token",
@@ -118,10 +118,10 @@ class PromptEncoder:
     def __init__(self, tokenizer, fmt: PromptFormat, source: str | Path = "tokenizer.json"):
         self.tokenizer = tokenizer
         self.format = fmt
-        self.suffix = [_token_id(tokenizer, t, source) for t in fmt.suffix]
-        self.uncond_suffix = [_token_id(tokenizer, t, source) for t in fmt.uncond_suffix]
-        self.bos_id = _token_id(tokenizer, fmt.bos_token, source)
-        self.pad_id = _token_id(tokenizer, fmt.pad_token, source) if fmt.pad_token else 0
+        self.suffix = [token_id(tokenizer, t, source) for t in fmt.suffix]
+        self.uncond_suffix = [token_id(tokenizer, t, source) for t in fmt.uncond_suffix]
+        self.bos_id = token_id(tokenizer, fmt.bos_token, source)
+        self.pad_id = token_id(tokenizer, fmt.pad_token, source) if fmt.pad_token else 0
 
     def token_ids(self, prompt: str) -> list[int]:
         """BOS + templated text + the suffix (ending with the image-start token)."""

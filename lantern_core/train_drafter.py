@@ -463,18 +463,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def is_family_folder(path: Path) -> bool:
-    """Whether `path` is an Anole / Chameleon / Janus-Pro model folder (config.json model_type)."""
-    try:
-        return path.is_dir() and json.loads((path / "config.json").read_text()).get("model_type") in (
-            "chameleon", "janus", "multi_modality")
-    except (OSError, ValueError):
-        return False
-
-
 def train_from_args(args: argparse.Namespace) -> dict:
     from .checkpoints import load_gpt, load_vq
     from .embedded import load_embedded
+    from .families import family_of, load_prompted
 
     recipe = Recipe(**{k: getattr(args, k) for k in asdict(Recipe())})
     prompted = None
@@ -482,8 +474,7 @@ def train_from_args(args: argparse.Namespace) -> dict:
         pipe = load_embedded(args.device)
         gpt, vq = pipe.gpt, pipe.vq.model if args.vq is None else load_vq(args.vq, args.device).model
         target = gpt.model
-    elif is_family_folder(Path(args.target)):
-        from .families import load_prompted
+    elif family_of(args.target):
 
         prompted = load_prompted(args.target, device=args.device)
         gpt, vq, target = None, prompted.vq, prompted.model

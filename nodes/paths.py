@@ -63,15 +63,9 @@ def _weight_files(name: str) -> list[str]:
 
 def family_folder(path: Path) -> str | None:
     """The prompted family ("chameleon", "janus") of a model folder, or None for anything else."""
-    from ..lantern_core.errors import LanternError
-    from ..lantern_core.families import detect_family
+    from ..lantern_core.families import family_of
 
-    if not (path.is_dir() and (path / "config.json").is_file()):
-        return None
-    try:
-        return detect_family(path)[0]
-    except LanternError:
-        return None
+    return family_of(path)
 
 
 def list_checkpoints() -> list[str]:

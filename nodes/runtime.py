@@ -88,7 +88,7 @@ def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, dt
 def load_family_model(folder: Path, vq_path: Path | None, dtype: torch.dtype, name: str) -> LanternModel:
     """Load (or reuse) a prompted-family folder (Anole / Chameleon, Janus-Pro): model, its tokenizer and
     template, and its image tokenizer (from the folder, or a Chameleon VQGAN file from models/lantern/vq)."""
-    from ..lantern_core.families import load_chameleon_vqgan, load_prompted
+    from ..lantern_core.families import load_prompted
 
     key = ("family", str(folder), str(vq_path), str(dtype))
     with _REGISTRY_LOCK:
@@ -96,8 +96,8 @@ def load_family_model(folder: Path, vq_path: Path | None, dtype: torch.dtype, na
         if cached is not None:
             return cached
         offload = mm.unet_offload_device()
-        loaded = load_prompted(folder, device=offload, dtype=dtype, vq_dtype=torch.float32)
-        vq = loaded.vq if vq_path is None else load_chameleon_vqgan(vq_path).to(offload)
+        loaded = load_prompted(folder, device=offload, dtype=dtype, vq_dtype=torch.float32, vqgan=vq_path)
+        vq = loaded.vq
         from ..lantern_core.errors import LanternError
 
         if vq is None:

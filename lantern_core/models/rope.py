@@ -66,3 +66,14 @@ def unpermute_rotate_half(weight: torch.Tensor, heads: int) -> torch.Tensor:
     rest = per_head // head_dim
     # (H, D/2, 2, rest) -> (H, 2, D/2, rest)
     return weight.reshape(heads, head_dim // 2, 2, rest).transpose(1, 2).reshape(shape)
+
+
+def interleave_head_norm(value: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """Chameleon's QK-norm parameter in the rotate-half convention -> interleaved pairs: (heads, D) as
+    transformers stores it, or one (D,) vector shared by the heads (older conversions). Other shapes are
+    returned as they are (the strict load then names them)."""
+    if value.dim() == 1:
+        value = value[None].expand(heads, -1).contiguous()
+    if value.shape != (heads, head_dim):
+        return value
+    return permute_rotate_half(value, heads)
