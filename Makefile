@@ -7,7 +7,7 @@ HOST_STAMP := .host/.installed
 COMFY := .host/ComfyUI
 DEMO_OUT ?= outputs/demo
 
-.PHONY: demo test serve bench bench-cuda train-default train-default-drafter host browser cli-demo clean
+.PHONY: demo test soak serve bench bench-cuda train-default train-default-drafter host browser cli-demo clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ cli-demo: $(STAMP)
 ## The whole test suite (CPU): core library, nodes in a real ComfyUI, the web UI in Chromium.
 test: $(HOST_STAMP) browser
 	$(PY) -m pytest -q tests
+
+## The long reliability run -> bench/results/soak_cpu.{json,md} and fuzz_loaders.json: 300 generations through a
+## real ComfyUI (random Cancels and /free, repeated seeds, RSS, audited writes; ~10 min), then 1,000 mutated
+## files per loader and per config.json (~5 min). The test suite runs short versions of both.
+soak: $(HOST_STAMP)
+	$(PY) tests/host/soak.py --runs 300 --out bench/results
+	LANTERN_FUZZ_EXAMPLES=1000 LANTERN_FUZZ_REPORT=bench/results/fuzz_loaders.json \
+	    $(PY) -m pytest -q -p no:cacheprovider tests/core/test_fuzz_loaders.py
 
 ## A real ComfyUI with the pack on http://127.0.0.1:8188 for a person (models in .host/serve/models/lantern).
 serve: $(HOST_STAMP)

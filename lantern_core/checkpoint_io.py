@@ -11,12 +11,10 @@ import argparse
 import json
 import logging
 import pickle
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
 from .errors import CheckpointError
@@ -44,7 +42,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         with safe_open(str(path), framework="pt") as f:
             raw_meta = f.metadata() or {}
         tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - SafetensorError, OSError, ... : the bytes are not a valid file
         raise CheckpointError(path, "a complete .safetensors file",
                               f"a file that cannot be parsed ({exc})",
                               "the file is truncated or corrupt: download it again") from exc
@@ -55,6 +53,9 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         except json.JSONDecodeError as exc:
             raise CheckpointError(path, "JSON in the 'lantern' metadata entry", "unparseable text",
                                   "re-save the file with lantern_core") from exc
+        if not isinstance(meta, dict) or not isinstance(meta.get("config", {}), dict):
+            raise CheckpointError(path, "a JSON object (with a 'config' object) in the 'lantern' metadata entry",
+                                  f"{type(meta).__name__} {str(meta)[:80]}", "re-save the file with lantern_core")
     return tensors, meta
 
 
@@ -67,8 +68,9 @@ def _read_pickle(path: Path) -> object:
                               f"content that would need arbitrary code to unpickle ({str(exc).splitlines()[0]})",
                               "only use checkpoints from sources you trust, converted to .safetensors; "
                               "this pack never executes pickled code") from exc
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise CheckpointError(path, "a complete PyTorch checkpoint", f"a file that cannot be read ({exc})",
+    except Exception as exc:  # noqa: BLE001 - any failure of the (sandboxed) parser on this file's bytes
+        raise CheckpointError(path, "a complete PyTorch checkpoint",
+                              f"a file that cannot be read ({type(exc).__name__}: {exc})",
                               "the file is truncated or corrupt: download it again") from exc
 
 

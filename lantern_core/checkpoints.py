@@ -46,6 +46,14 @@ class LoadedVQ:
     source_format: str
 
 
+def config_from_metadata(cls: type, path: Path, meta: dict, fix: str):
+    """Our files' stored config (`meta["config"]`) as `cls`; a damaged or foreign entry is a CheckpointError."""
+    try:
+        return cls(**meta["config"])
+    except (TypeError, ValueError) as exc:  # unknown / missing fields, or a value its __post_init__ refuses
+        raise CheckpointError(path, f"a valid {cls.__name__} in the file's metadata", f"{exc}", fix) from exc
+
+
 def detect_kind(tensors: dict[str, torch.Tensor]) -> str:
     """'gpt', 'hf-llama', 'vq', 'drafter' or 'unknown', from characteristic key names."""
     keys = tensors.keys()
@@ -202,7 +210,7 @@ def infer_gpt_config(path: Path, sd: dict[str, torch.Tensor], raw_meta: dict, ar
                      hf_config: dict, notes: list[str]) -> GPTConfig:
     """Build the GPTConfig implied by LlamaGen-named tensors plus any stored config."""
     if "config" in raw_meta:  # our own safetensors: the config is authoritative, shapes are checked later
-        return GPTConfig(**raw_meta["config"])
+        return config_from_metadata(GPTConfig, path, raw_meta, GPT_FIX)
     vocab, dim = sd["tok_embeddings.weight"].shape
     n_layer = len({int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k))})
     n_head = _infer_heads(dim, args, hf_config, notes)
@@ -226,6 +234,15 @@ def infer_gpt_config(path: Path, sd: dict[str, torch.Tensor], raw_meta: dict, ar
                           "(cls_embedding.cap_proj)", "neither", GPT_FIX)
 
 
+def check_layer_count(path: Path, config: GPTConfig, sd: dict[str, torch.Tensor], fix: str) -> None:
+    """The config's layer count matches the weights' `layers.N.*` before a model of that depth is built (a
+    damaged config claiming a billion layers is refused here instead of hanging in the constructor)."""
+    found = {int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k))}
+    if found != set(range(config.n_layer)):
+        raise CheckpointError(path, f"{config.n_layer} transformer layers (layers.0 .. layers.{config.n_layer - 1}), "
+                              "as the config says", f"{len(found)} layers in the weights", fix)
+
+
 def load_state_strict(module: torch.nn.Module, sd: dict[str, torch.Tensor], path: Path, fix: str,
                       assign: bool = False) -> None:
     """load_state_dict(strict=True) with an error that lists missing / unexpected / mis-shaped keys."""
@@ -244,7 +261,34 @@ def load_state_strict(module: torch.nn.Module, sd: dict[str, torch.Tensor], path
             found.append(f"{len(shapes)} wrong shapes (e.g. {shapes[:2]})")
         raise CheckpointError(path, f"exactly the {len(expected)} tensors of {type(module).__name__}",
                               "; ".join(found), fix)
+    check_values(path, expected, sd)
     module.load_state_dict(sd, strict=True, assign=assign)
+
+
+def _dtype_kind(t: torch.Tensor) -> str:
+    if t.dtype == torch.bool:
+        return "bool"
+    if t.is_complex():
+        return "complex"
+    return "floating point" if t.is_floating_point() else "integer"
+
+
+def check_values(path: Path, expected: dict[str, torch.Tensor], sd: dict[str, torch.Tensor]) -> None:
+    """Every tensor has the kind of dtype its slot holds (floating weights, integer indices) and only
+    finite values: a file of the right shapes filled with NaN/Inf or with integer data is refused here,
+    not discovered as a black image later."""
+    dtypes = [f"{k}: expected {_dtype_kind(expected[k])}, found {sd[k].dtype}" for k in sorted(sd)
+              if _dtype_kind(sd[k]) != _dtype_kind(expected[k])]
+    if dtypes:
+        raise CheckpointError(path, "floating-point weights (and integer index buffers) of the model's dtypes",
+                              f"{len(dtypes)} tensors of the wrong dtype (e.g. {dtypes[:2]})",
+                              "the file is not a weights file of this model or was converted wrongly: use the "
+                              "original checkpoint")
+    bad = [k for k in sorted(sd) if sd[k].is_floating_point() and not bool(torch.isfinite(sd[k]).all())]
+    if bad:
+        raise CheckpointError(path, "finite weights", f"NaN or Inf values in {len(bad)} tensors (e.g. {bad[:3]})",
+                              "the file is corrupt (or was saved from a diverged training run): download it "
+                              "again; if it loads in float32 but not float16, choose fp32 or bf16")
 
 
 def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.device | str = "cpu",
@@ -279,6 +323,7 @@ def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.devic
     if config.model_type == "t2i" and "cls_embedding.uncond_embedding" not in tensors and kind == "hf-llama":
         raise CheckpointError(path, "the saved buffer cls_embedding.uncond_embedding", "no such tensor",
                               "this checkpoint lacks the unconditional caption embedding; re-download it")
+    check_layer_count(path, config, tensors, GPT_FIX)
     with torch.device("meta"):  # no throw-away random init of billions of parameters
         model = LlamaGenGPT(config)
     load_state_strict(model, {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},
@@ -296,7 +341,7 @@ def infer_vq_config(path: Path, sd: dict[str, torch.Tensor], raw_meta: dict, l2_
     """A VQ config from our key names; `l2_norm` is not visible in weights (LlamaGen / Janus: True,
     Chameleon's VQGAN: False); level attention is read from the keys."""
     if "config" in raw_meta:
-        return VQConfig(**raw_meta["config"])
+        return config_from_metadata(VQConfig, path, raw_meta, VQ_FIX)
     size, embed_dim = sd["quantize.embedding.weight"].shape
     ch = sd["encoder.conv_in.weight"].shape[0]
     levels = len({int(m.group(1)) for k in sd if (m := re.match(r"encoder\.conv_blocks\.(\d+)\.", k))})
@@ -325,6 +370,6 @@ def load_vq(path: str | Path, device: torch.device | str = "cpu", dtype: torch.d
     except (KeyError, ConfigError) as exc:
         raise CheckpointError(path, "a complete VQ tokenizer", f"an inconsistent layout ({exc})", VQ_FIX) from exc
     model = VQModel(config)
-    load_state_strict(model, {k: v.float() for k, v in tensors.items()}, path, VQ_FIX)
+    load_state_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, path, VQ_FIX)
     source = "safetensors" if path.suffix == ".safetensors" else f"llamagen-pt[{raw.wrapper or 'bare'}]"
     return LoadedVQ(model.to(device=device, dtype=dtype).eval(), config, source)

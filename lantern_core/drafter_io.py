@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from .checkpoint_io import read_checkpoint, write_safetensors
-from .checkpoints import load_state_strict, strip_prefixes
+from .checkpoints import config_from_metadata, load_state_strict, strip_prefixes
 from .config import HEADS_BY_DIM, DrafterConfig, GPTConfig
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, LanternError
 from .models.drafter import EagleDrafter
 from .models.rope import interleave_head_norm, permute_rotate_half, unpermute_rotate_half
 
@@ -132,6 +132,18 @@ def image_rows(path: Path, sd: dict[str, torch.Tensor], config: DrafterConfig,
     return sd, DrafterConfig(**{**config.to_dict(), "vocab_size": len(image_token_ids)})
 
 
+def _read_config(config_path: Path) -> dict:
+    try:
+        hf = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(config_path, "a readable JSON config", f"an unreadable file ({exc})",
+                              "re-download config.json") from exc
+    if not isinstance(hf, dict) or not isinstance(hf.get("lantern", {}), dict):
+        raise CheckpointError(config_path, "a JSON object (its 'lantern' entry an object too)",
+                              f"{type(hf).__name__} {str(hf)[:80]}", "re-download config.json")
+    return hf
+
+
 def _read_files(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict, str]:
     """-> (tensors, HF config.json or {}, our metadata or {}, source format)."""
     if path.is_dir():
@@ -139,11 +151,7 @@ def _read_files(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict, str]:
         if not config_path.is_file():
             raise CheckpointError(path, "config.json in the drafter folder", "no config.json",
                                   "download config.json from the drafter's repository into this folder")
-        try:
-            hf = json.loads(config_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CheckpointError(config_path, "a readable JSON config", f"an unreadable file ({exc})",
-                                  "re-download config.json") from exc
+        hf = _read_config(config_path)
         for name in ("model.safetensors", "pytorch_model.bin"):
             if (path / name).is_file():
                 raw = read_checkpoint(path / name)
@@ -152,14 +160,25 @@ def _read_files(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict, str]:
                               f"only {sorted(p.name for p in path.iterdir())[:10]}", DRAFTER_FIX)
     raw = read_checkpoint(path)
     sibling = path.parent / "config.json"
-    hf = json.loads(sibling.read_text()) if raw.metadata.get("kind") != "drafter" and sibling.is_file() else {}
+    hf = _read_config(sibling) if raw.metadata.get("kind") != "drafter" and sibling.is_file() else {}
     return raw.tensors, hf, raw.metadata, "safetensors" if path.suffix == ".safetensors" else "pt"
 
 
 def infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta: dict,
                          target: GPTConfig | None) -> DrafterConfig:
+    try:
+        return _infer_drafter_config(path, sd, hf, meta, target)
+    except LanternError:
+        raise
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as exc:  # odd config.json values
+        raise CheckpointError(path, "a drafter config.json with integer sizes and numeric rope_theta / rms_norm_eps",
+                              f"a value that cannot be used ({type(exc).__name__}: {exc})", DRAFTER_FIX) from exc
+
+
+def _infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta: dict,
+                          target: GPTConfig | None) -> DrafterConfig:
     if "config" in meta:
-        return DrafterConfig(**meta["config"])
+        return config_from_metadata(DrafterConfig, path, meta, DRAFTER_FIX)
     ours = hf.get("lantern", {})
     try:
         dim = sd["fc.weight"].shape[0]

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint_io import read_checkpoint
-from .checkpoints import infer_vq_config, load_state_strict, read_hf_folder
+from .checkpoints import check_layer_count, infer_vq_config, load_state_strict, read_hf_folder
 from .config import GPTConfig
 from .errors import CheckpointError, ConfigError
 from .family_io import chameleon_state, janus_state, taming_to_ours
@@ -62,16 +62,31 @@ class LoadedPrompted:
 def read_config(folder: Path) -> dict:
     path = folder / "config.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
         raise CheckpointError(path, "a readable JSON config", f"a missing or unreadable file ({exc})", FIX) from exc
+    if not isinstance(cfg, dict):
+        raise CheckpointError(path, "a JSON object", f"a JSON {type(cfg).__name__}", FIX)
+    return cfg
+
+
+def section(cfg: dict, *keys: str) -> dict:
+    """cfg[k1][k2]... as a dict ({} when absent); a ConfigError naming the entry when it is not an object."""
+    node = cfg
+    for depth, key in enumerate(keys):
+        node = node.get(key)
+        if node is None:
+            return {}
+        if not isinstance(node, dict):
+            raise ConfigError(f"config.json {'.'.join(keys[:depth + 1])}", "a JSON object", node)
+    return node
 
 
 def detect_family(folder: str | Path) -> tuple[str, str]:
     """(family, layout) of a model folder, from config.json's model_type."""
     folder = Path(folder)
     model_type = read_config(folder).get("model_type")
-    if model_type not in LAYOUTS:
+    if not isinstance(model_type, str) or model_type not in LAYOUTS:
         raise CheckpointError(folder / "config.json", f"model_type one of {sorted(LAYOUTS)} (Chameleon / Anole / "
                               "Lumina-mGPT, Janus-Pro)", repr(model_type), FIX)
     return LAYOUTS[model_type]
@@ -91,11 +106,13 @@ def family_of(path: str | Path) -> str | None:
 
 def is_lumina(folder: Path, cfg: dict) -> bool:
     """Lumina-mGPT among Chameleon folders: ChameleonXLLMX architectures or 'lumina' in the folder name."""
-    return any("XLLMX" in a for a in cfg.get("architectures") or []) or "lumina" in folder.name.lower()
+    names = cfg.get("architectures")
+    names = names if isinstance(names, list) else []
+    return any(isinstance(a, str) and "XLLMX" in a for a in names) or "lumina" in folder.name.lower()
 
 
 def _rope_theta(cfg: dict) -> float:
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    params = section(cfg, "rope_parameters") or section(cfg, "rope_scaling")
     return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
@@ -107,7 +124,7 @@ def _decoder_shape(cfg: dict, where: str) -> dict:
                      n_kv_head=int(cfg.get("num_key_value_heads") or heads), ffn_dim=int(cfg["intermediate_size"]),
                      text_vocab_size=int(cfg["vocab_size"]), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                      rope_base=_rope_theta(cfg))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(where, "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size and "
                           "vocab_size", f"missing or invalid {exc}") from exc
     for flag in ("attention_bias", "mlp_bias"):
@@ -118,8 +135,8 @@ def _decoder_shape(cfg: dict, where: str) -> dict:
 
 def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = False) -> GPTConfig:
     """Anole / Chameleon; `row_end` (Lumina-mGPT) adds the end-of-row token as the last image code."""
-    vq = cfg.get("vq_config") or {}
-    codes = int(vq.get("num_embeddings", vq.get("n_embed", 8192)))
+    vq = section(cfg, "vq_config")
+    codes = _integer(vq.get("num_embeddings", vq.get("n_embed", 8192)), "config.json vq_config.num_embeddings")
     return GPTConfig(**_decoder_shape(cfg, "config.json"), vocab_size=codes + int(row_end),
                      model_type="prompt", family="chameleon", qk_norm=True, swin_norm=bool(cfg.get("swin_norm")),
                      rope_dims=1, grid_size=grid, cls_token_num=max_prompt, row_end=row_end)
@@ -127,23 +144,35 @@ def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = Fals
 
 def janus_config(cfg: dict, layout: str, grid: int, max_prompt: int) -> GPTConfig:
     if layout == "hf-janus":
-        text, vq = cfg.get("text_config") or {}, cfg.get("vq_config") or {}
+        text, vq = section(cfg, "text_config"), section(cfg, "vq_config")
         codes, embed = vq.get("num_embeddings", 16384), vq.get("embed_dim", 8)
     else:  # DeepSeek: language_config + gen_*_config {"params": {...}}
-        text = cfg.get("language_config") or {}
-        head = (cfg.get("gen_head_config") or {}).get("params", {})
-        aligner = (cfg.get("gen_aligner_config") or {}).get("params", {})
+        text = section(cfg, "language_config")
+        head = section(cfg, "gen_head_config", "params")
+        aligner = section(cfg, "gen_aligner_config", "params")
         codes, embed = head.get("image_token_size", 16384), aligner.get("input_dim", 8)
         if aligner.get("depth", 2) != 2:
             raise ConfigError("config.json gen_aligner_config.depth", "2 (every Janus-Pro release)", aligner["depth"])
-    return GPTConfig(**_decoder_shape(text, "config.json text/language config"), vocab_size=int(codes),
-                     model_type="prompt", family="janus", rope_dims=1, grid_size=grid, cls_token_num=max_prompt,
-                     image_embed_dim=int(embed))
+    return GPTConfig(**_decoder_shape(text, "config.json text/language config"),
+                     vocab_size=_integer(codes, "config.json image codebook size"), model_type="prompt",
+                     family="janus", rope_dims=1, grid_size=grid, cls_token_num=max_prompt,
+                     image_embed_dim=_integer(embed, "config.json image embedding width"))
+
+
+def _integer(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ConfigError(name, "an integer", value)
+    return int(value)
 
 
 def _janus_grid(cfg: dict) -> int | None:
-    tokens = (cfg.get("vision_config") or {}).get("num_image_tokens")
-    return int(round(tokens ** 0.5)) if tokens else None
+    tokens = section(cfg, "vision_config").get("num_image_tokens")
+    if not tokens:
+        return None
+    side = _integer(tokens, "config.json vision_config.num_image_tokens")
+    if side <= 0 or round(side ** 0.5) ** 2 != side:
+        raise ConfigError("config.json vision_config.num_image_tokens", "a positive square number", tokens)
+    return round(side ** 0.5)
 
 
 def find_file(folder: Path, names: tuple[str, ...]) -> Path | None:
@@ -152,7 +181,8 @@ def find_file(folder: Path, names: tuple[str, ...]) -> Path | None:
 
 def load_janus_vq(folder: Path, tensors: dict[str, torch.Tensor], layout: str) -> VQModel:
     prefix = "model.vqmodel." if layout == "hf-janus" else "gen_vision_model."
-    sd = {k[len(prefix):]: v.float() for k, v in tensors.items() if k.startswith(prefix)}
+    sd = {k[len(prefix):]: (v.float() if v.is_floating_point() else v)  # integer data is refused by the strict load
+          for k, v in tensors.items() if k.startswith(prefix)}
     if not sd:
         raise CheckpointError(folder, f"the image tokenizer's weights ({prefix}*)", "none",
                               "the folder is incomplete: download every model-*.safetensors shard")
@@ -173,7 +203,7 @@ def load_chameleon_vqgan(path: Path) -> VQModel:
     """A Chameleon VQGAN file in Meta's taming layout (`vqgan.ckpt` Lightning `state_dict`, discriminator
     `loss.*` entries dropped, or the same names in `.safetensors`), strictly."""
     raw = read_checkpoint(path)
-    sd = {k: v.float() for k, v in raw.tensors.items() if not k.startswith("loss.")}
+    sd = {k: v.float() if v.is_floating_point() else v for k, v in raw.tensors.items() if not k.startswith("loss.")}
     return _build_vq(path, taming_to_ours(sd, decoder_from_highest=True), l2_norm=False)
 
 
@@ -221,8 +251,9 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
         if grid_size is not None and grid_size % 2:
             raise ConfigError("grid_size", "an even number of tokens per side for Lumina-mGPT (its size tokens "
                               "count 32-pixel steps)", grid_size)
-    grid = grid_size or (_janus_grid(cfg) if family == "janus" else None) or DEFAULT_GRID["lumina" if lumina else family]
     try:
+        grid = (grid_size or (_janus_grid(cfg) if family == "janus" else None)
+                or DEFAULT_GRID["lumina" if lumina else family])
         config = (chameleon_config(cfg, grid, max_prompt_tokens, row_end=lumina) if family == "chameleon"
                   else janus_config(cfg, layout, grid, max_prompt_tokens))
     except ConfigError as exc:
@@ -247,6 +278,7 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     else:
         sd = janus_state(folder, tensors, config)
         vq, vq_source = load_janus_vq(folder, tensors, layout), layout
+    check_layer_count(folder, config, sd, FIX)
     with torch.device("meta"):
         model = PromptedImageLM(config)
     # cast once, straight to the run dtype (a 7B bf16 checkpoint never passes through float32)

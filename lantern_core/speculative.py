@@ -12,6 +12,7 @@ or load files.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -63,6 +64,13 @@ class SpeculativeConfig:
     @property
     def depth(self) -> int:
         return self.dynamic.depth if self.tree == "dynamic" else self.static_tree.depth
+
+    @property
+    def cache_spare(self) -> int:
+        """KV slots past the image that a step needs: the verified nodes (+ root), and for EAGLE-2 the
+        drafter's depth x top_k expanded candidates, however few of them are kept."""
+        drafted = self.dynamic.depth * self.dynamic.top_k if self.tree == "dynamic" else 0
+        return max(self.max_nodes, drafted) + 2
 
 
 @dataclass
@@ -130,8 +138,32 @@ class NodeDistributions:
         return filter_logits(combined, s.temperature, s.top_k, s.top_p).softmax(-1)
 
 
-_AUTO_CHOICES: "weakref.WeakKeyDictionary[EagleDrafter, dict]" = weakref.WeakKeyDictionary()
+# Auto choices are remembered by the weights' fingerprint, not the module object: a model unloaded
+# (ComfyUI's /free) and loaded again gets the same tree, so the same seed keeps giving the same image.
+_AUTO_CHOICES: dict[tuple, dict] = {}
 _COSTS: "weakref.WeakKeyDictionary[EagleDrafter, dict]" = weakref.WeakKeyDictionary()
+
+
+_FINGERPRINTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def weights_fingerprint(module: torch.nn.Module) -> tuple:
+    """Identity of a module's weights that survives unloading and reloading the same file: its class,
+    config, and a hash of every parameter's shape, dtype and first and last 1,024 values (cheap on a 7B;
+    computed once per module object)."""
+    if module not in _FINGERPRINTS:
+        _FINGERPRINTS[module] = _fingerprint(module)
+    return _FINGERPRINTS[module]
+
+
+def _fingerprint(module: torch.nn.Module) -> tuple:
+    digest = hashlib.sha256()
+    for name, p in module.named_parameters():
+        flat = p.detach().reshape(-1)
+        sample = torch.cat([flat[:1024], flat[-1024:]]).float().cpu()
+        digest.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
+        digest.update(sample.numpy().tobytes())
+    return type(module).__name__, getattr(module, "config", None), digest.hexdigest()
 
 
 def _auto_key(sampling: SamplingConfig, spec: SpeculativeConfig) -> tuple:
@@ -140,8 +172,14 @@ def _auto_key(sampling: SamplingConfig, spec: SpeculativeConfig) -> tuple:
             round(sampling.top_p, 3), spec.relaxation, spec.static_tree.paths)
 
 
-def _auto_choice(drafter: EagleDrafter, sampling: SamplingConfig, spec: SpeculativeConfig) -> tuple[TreeSpec, str] | None:
-    return _AUTO_CHOICES.get(drafter, {}).get(_auto_key(sampling, spec))
+def _auto_choice(model: ImageTransformer, drafter: EagleDrafter, sampling: SamplingConfig,
+                 spec: SpeculativeConfig) -> tuple[TreeSpec, str] | None:
+    return _AUTO_CHOICES.get(_pair(model, drafter), {}).get(_auto_key(sampling, spec))
+
+
+def _pair(model: ImageTransformer, drafter: EagleDrafter) -> tuple:
+    weight = model.tok_embeddings.weight
+    return weights_fingerprint(model), weights_fingerprint(drafter), str(weight.device), str(weight.dtype)
 
 
 def _costs(model: ImageTransformer, drafter: EagleDrafter, rows: int) -> CostCurve:
@@ -180,7 +218,7 @@ def _calibrate(model: ImageTransformer, drafter: EagleDrafter, condition: Condit
     estimate = predicted * base_measured / tree_rate(spec.static_tree, rates, costs)
     note = (f"about {estimate:.0f} tok/s expected with {chosen.name} vs {ar_measured:.0f} tok/s for plain AR "
             f"on this machine" + ("; plain AR (mode ar) is faster here" if estimate < ar_measured else ""))
-    _AUTO_CHOICES.setdefault(drafter, {})[_auto_key(sampling, spec)] = (chosen, note)
+    _AUTO_CHOICES.setdefault(_pair(model, drafter), {})[_auto_key(sampling, spec)] = (chosen, note)
     return chosen, note
 
 
@@ -259,7 +297,7 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
     if spec.tree != "dynamic":
         chosen = None
         if spec.tree == "auto":
-            cached = _auto_choice(drafter, sampling, spec)
+            cached = _auto_choice(model, drafter, sampling, spec)
             fresh = cached is None
             if fresh:  # calibrate once per drafter and sampling setting, on a scratch image
                 cached = _calibrate(model, drafter, condition.row(0), sampling, spec, neighbors)
@@ -285,7 +323,7 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
     guided = sampling.uses_cfg
     dist = NodeDistributions(sampling, guided, model.constrain_logits)
     t0 = time.perf_counter()
-    state, hidden = prefill_state(model, condition, guided, spare=spec.max_nodes + 2)
+    state, hidden = prefill_state(model, condition, guided, spare=spec.cache_spare)
     cache, key_valid, T = state.cache, state.key_valid, state.length
     rows, max_len = key_valid.shape
     device = hidden.device

@@ -121,3 +121,15 @@ def test_relaxation_without_a_neighbour_table_is_a_clear_error():
 def test_bad_dynamic_shape_names_the_parameter():
     with pytest.raises(ConfigError, match="dynamic tree"):
         SpeculativeConfig(tree="dynamic", dynamic=DynamicShape(depth=2, top_k=2, nodes=99))
+
+
+def test_weights_fingerprint_follows_the_weights_not_the_object():
+    from lantern_core.speculative import weights_fingerprint
+    from tests.tiny_models import TINY_C2I, random_gpt
+
+    a, b = random_gpt(TINY_C2I, seed=0), random_gpt(TINY_C2I, seed=0)
+    assert a is not b and weights_fingerprint(a) == weights_fingerprint(b)
+    c = random_gpt(TINY_C2I, seed=0)
+    with torch.no_grad():
+        c.layers[1].attention.wo.weight.view(-1)[-1] += 1.0  # the last value of one tensor
+    assert weights_fingerprint(c) != weights_fingerprint(a)

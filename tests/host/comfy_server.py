@@ -30,9 +30,10 @@ class ServerError(RuntimeError):
 
 class ComfyServer:
     def __init__(self, base_dir: Path, port: int, comfy_dir: Path = DEFAULT_COMFY, extra_args: tuple = (),
-                 python: str = sys.executable):
+                 python: str = sys.executable, env: dict | None = None):
         self.base_dir, self.port, self.comfy_dir = Path(base_dir), port, Path(comfy_dir)
         self.extra_args, self.python = tuple(extra_args), python
+        self.env = None if env is None else {**os.environ, **env}  # extra environment for the server
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = self.base_dir / "server.log"
         self.process: subprocess.Popen | None = None
@@ -57,7 +58,7 @@ class ComfyServer:
                "--disable-auto-launch", "--base-directory", str(self.base_dir),
                "--database-url", f"sqlite:///{self.base_dir / 'comfyui.db'}", *self.extra_args]
         log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(cmd, cwd=self.comfy_dir, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(cmd, cwd=self.comfy_dir, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

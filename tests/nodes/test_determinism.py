@@ -1,0 +1,71 @@
+"""Determinism through the nodes (in process, ComfyUI's real model management): for every decoding mode,
+image i of a batch equals a single run with seed + i, the same seed gives the same image again after other
+workflows ran and every model was unloaded (as /free does) and reloaded, and the lossless modes at their
+neutral settings (LANTERN delta 0, LANTERN++ lambda 1) give greedy AR's image. The auto tree and the auto
+Jacobi window are remembered by the weights' fingerprint, so a reloaded model keeps them."""
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+
+import pytest
+import torch
+
+MODES = ["ar", "eagle2", "static_tree", "lantern", "lantern_pp", "sjd", "sjd_coupled", "sjd_relaxed"]
+SETTINGS = dict(tree="auto", chain_length=4, custom_tree="[[0], [1], [0, 0]]", lantern_k=10, delta=0.1, lam=5.0,
+                eagle_depth=4, eagle_top_k=4, eagle_nodes=12, jacobi_window=0, jacobi_init="sample_left",
+                sjd_relaxation="lantern_pp", gsd_gap=0.15)
+
+
+def load(pack, node):
+    model = node["LanternModelLoader"].execute(checkpoint=pack.nodes.paths.EMBEDDED, vq_tokenizer="auto",
+                                               text_encoder="none", dtype="auto").args[0]
+    drafter = node["LanternDrafterLoader"].execute(model=model, drafter=pack.nodes.paths.EMBEDDED).args[0]
+    return model, drafter
+
+
+def tokens(node, model, drafter, mode, seed, batch_size=1, temperature=1.0, **overrides):
+    dec = node["LanternDecodingConfig"].execute(mode=mode, drafter=None if mode in ("ar", "sjd", "sjd_coupled",
+                                                                                   "sjd_relaxed") else drafter,
+                                                **{**SETTINGS, **overrides}).args[0]
+    cond = node["LanternConditioning"].execute(model=model, class_name="cat", prompt="").args[0]
+    return node["LanternSampler"].execute(model=model, conditioning=cond, decoding=dec, cfg=3.0,
+                                          temperature=temperature, top_k=0, top_p=1.0, seed=seed,
+                                          batch_size=batch_size).args[0].tokens
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batch_positions_and_reloads_keep_images(pack, node, mm, monkeypatch, mode):
+    model, drafter = load(pack, node)
+    batch = tokens(node, model, drafter, mode, seed=70, batch_size=2)
+    single = tokens(node, model, drafter, mode, seed=71)
+    assert torch.equal(batch[1], single[0]), mode  # image 1 of the batch is the single run with seed + 1
+    for other in ("ar", "lantern_pp", "sjd_coupled"):  # other workflows in between
+        tokens(node, model, drafter, other, seed=5, temperature=0.7)
+    mm.unload_all_models()  # what /free does; the pack's registry lets go of the modules too
+    gone = weakref.ref(model)
+    del model, drafter
+    gc.collect()
+    mm.soft_empty_cache()
+    model, drafter = load(pack, node)
+    assert gone() is None  # a new model object: nothing was kept on the old one
+    calibrations = []  # a second calibration would measure time again and may pick another tree / window
+    for module, name in (("speculative", "choose_subtree"), ("jacobi", "choose_window")):
+        target = sys.modules[f"lantern_pack.lantern_core.{module}"]
+        real = getattr(target, name)
+        monkeypatch.setattr(target, name, lambda *a, _real=real, **k: calibrations.append(1) or _real(*a, **k))
+    again = tokens(node, model, drafter, mode, seed=70, batch_size=2)
+    assert not calibrations, mode
+    assert torch.equal(again, batch), mode
+
+
+@pytest.mark.parametrize("mode,overrides", [("lantern", {"delta": 0.0}), ("lantern_pp", {"lam": 1.0}),
+                                            ("sjd_relaxed", {"lam": 1.0, "jacobi_window": 8}),
+                                            ("static_tree", {}), ("eagle2", {}), ("sjd", {"jacobi_window": 8}),
+                                            ("sjd_coupled", {"jacobi_window": 8})])
+def test_lossless_settings_give_greedy_ar_images(pack, node, mode, overrides):
+    model, drafter = load(pack, node)
+    ar = tokens(node, model, drafter, "ar", seed=3, temperature=0.0)
+    out = tokens(node, model, drafter, mode, seed=3, temperature=0.0, **overrides)
+    assert torch.equal(out, ar), mode

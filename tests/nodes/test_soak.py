@@ -1,0 +1,43 @@
+"""A short soak through a real ComfyUI server (`make soak` runs the long one and writes bench/results):
+52 generations mixing AR, LANTERN++, static-tree and coupled-SJD runs, with random Cancels and /free calls.
+Every run that was not cancelled succeeds, images repeat byte for byte whenever (mode, seed, class)
+repeats, the server's RSS after warm-up grows by less than 5 %, and the pack's code writes only under
+ComfyUI's models/user/output/temp folders (an audit hook in the server logs every write the pack makes;
+nothing under the pack's own folder)."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import free_port
+from soak import SoakConfig, audited_server, run_soak
+
+
+@pytest.fixture(scope="module")
+def soaked(tmp_path_factory):
+    server, audit_log = audited_server(tmp_path_factory.mktemp("soak_base"), free_port())
+    with server:
+        report = run_soak(server, SoakConfig(runs=52, seed=0, cancel_rate=0.2, free_rate=0.12), audit_log)
+    print(f"\nsoak: {report.runs} runs, {report.succeeded} ok, {report.cancelled} cancelled, {report.frees} /free, "
+          f"{report.repeats} repeats ({report.repeats_executed} re-executed), RSS {report.rss_warm_mb:.0f} -> "
+          f"{report.rss_end_mb:.0f} MB ({100 * report.rss_growth:+.2f} %), {report.writes} audited writes")
+    return report
+
+
+def test_every_run_not_cancelled_succeeds(soaked):
+    assert soaked.runs == 52 and soaked.frees >= 3 and soaked.cancels_sent >= 5
+    assert not soaked.failed and not soaked.errors_by_kind, (soaked.failed, soaked.errors_by_kind)
+    assert soaked.succeeded + soaked.cancelled == soaked.runs and soaked.cancelled >= 3
+
+
+def test_repeated_seeds_give_identical_images(soaked):
+    assert soaked.repeats_executed >= 10  # re-executed after other workflows, /free and cancels in between
+    assert not soaked.mismatches, soaked.mismatches
+
+
+def test_server_memory_is_flat_after_warm_up(soaked):
+    assert soaked.rss_growth < 0.05, soaked.rss_mb
+
+
+def test_the_pack_writes_only_under_comfyui_data_folders(soaked):
+    assert soaked.writes >= 1  # the audit sees the pack's writes (the neighbour cache under models/lantern)
+    assert not soaked.writes_outside, soaked.writes_outside
