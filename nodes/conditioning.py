@@ -8,31 +8,39 @@ from comfy_api.latest import io
 from ..lantern_core.errors import ConfigError, LanternError
 
 from . import runtime
-from .types import LanternCond, LanternCondType, LanternModel, LanternModelType
+from .types import LanternCond, LanternCondType, LanternModel, LanternModelType, expect_link
+
+MAX_CLASSES = 64  # entries per node: each becomes batch_size images
 
 
 def class_labels(model: LanternModel, text: str) -> tuple[list[int], list[str]]:
     """'cat, 3' -> label indices and their names; errors list the valid classes."""
     names = model.class_names
     labels, described = [], []
-    for item in [t.strip() for t in text.split(",") if t.strip()]:
-        if item.lstrip("-").isdigit():
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if len(items) > MAX_CLASSES:
+        raise ConfigError("class_name", f"at most {MAX_CLASSES} comma-separated classes", f"{len(items)} classes",
+                          "use fewer entries (batch_size repeats each one)")
+    for item in items:
+        if item.isascii() and item.removeprefix("-").isdigit() and len(item) <= 18:
             index = int(item)
             if not 0 <= index < model.config.num_classes:
-                raise ConfigError("class", f"an index in 0..{model.config.num_classes - 1} or a name", item)
+                raise ConfigError("class_name", f"an index in 0..{model.config.num_classes - 1} or a name", item)
         else:
             lowered = [n.lower() for n in names]
             if item.lower() not in lowered:
-                raise ConfigError("class", f"one of {names} or an index 0..{model.config.num_classes - 1}", item)
+                raise ConfigError("class_name", f"one of {names} or an index 0..{model.config.num_classes - 1}",
+                                  item[:80])
             index = lowered.index(item.lower())
         labels.append(index)
         described.append(names[index] if index < len(names) else f"class {index}")
     if not labels:
-        raise ConfigError("class", "at least one class name or index", text)
+        raise ConfigError("class_name", "at least one class name or index", text[:80])
     return labels, described
 
 
 def encode(model: LanternModel, class_text: str, prompt: str) -> LanternCond:
+    expect_link("model", model, LanternModel, "Lantern: Load Model")
     if model.config.model_type == "c2i":
         labels, described = class_labels(model, class_text)
         return LanternCond(described, labels=torch.tensor(labels, dtype=torch.long))

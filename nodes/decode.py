@@ -8,12 +8,13 @@ from ..lantern_core.images import to_unit_range
 from ..lantern_core.layout import image_codes
 
 from . import runtime
-from .types import LanternTokens, LanternTokensType
+from .types import LanternTokens, LanternTokensType, expect_link
 
 DECODE_CHUNK = 4  # images per VQ decoder call: bounds activation memory for large grids
 
 
 def decode(tokens: LanternTokens) -> torch.Tensor:
+    expect_link("tokens", tokens, LanternTokens, "Lantern: Sampler")
     vq = tokens.model.vq
     with runtime.run_scope():
         device = runtime.place([vq])

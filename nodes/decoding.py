@@ -13,7 +13,7 @@ from ..lantern_core.jacobi import INITS, JacobiConfig
 from ..lantern_core.relaxation import Grouping, Relaxation
 from ..lantern_core.speculative import SpeculativeConfig
 from ..lantern_core.tree import STATIC_TREES, TreeSpec, chain_tree
-from .types import LanternDecoding, LanternDecodingType, LanternDrafterType
+from .types import LanternDecoding, LanternDecodingType, LanternDrafter, LanternDrafterType, expect_link, shown
 
 MODES = {
     "ar": "plain autoregressive decoding, one forward pass per token (the reference)",
@@ -31,6 +31,8 @@ MODES = {
 JACOBI_MODES = ("sjd", "sjd_coupled", "sjd_relaxed")
 SJD_RELAXATIONS = ("lantern_pp", "lantern", "gsd")
 TREES = ["auto", *STATIC_TREES, "chain", "custom"]
+CUSTOM_TREE_MAX_NODES = 512  # as many as eagle_nodes allows
+CUSTOM_TREE_MAX_DEPTH = 64  # as deep as a dynamic tree may be
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,38 @@ def parse_custom_tree(text: str) -> TreeSpec:
     """'[[0], [1], [0, 0]]' (child ranks from the root, as in EAGLE's choices.py) -> TreeSpec."""
     try:
         paths = json.loads(text)
-        if not isinstance(paths, list) or not all(isinstance(p, list) for p in paths):
-            raise ValueError("not a list of lists")
+        if not isinstance(paths, list) or not paths or not all(isinstance(p, list) for p in paths):
+            raise ValueError("not a non-empty list of lists")
+        if len(paths) > CUSTOM_TREE_MAX_NODES or max(map(len, paths)) > CUSTOM_TREE_MAX_DEPTH:
+            raise ValueError(f"{len(paths)} nodes, depth {max(map(len, paths))}: at most {CUSTOM_TREE_MAX_NODES} "
+                             f"nodes and depth {CUSTOM_TREE_MAX_DEPTH}")
         return TreeSpec("custom", tuple(tuple(int(r) for r in p) for p in paths))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # RecursionError: nesting too deep
         raise ConfigError("custom_tree", "a JSON list of paths of child ranks, e.g. [[0], [1], [0, 0]]",
-                          text[:80], f"fix the JSON ({exc})") from exc
+                          text[:80], f"fix the JSON ({str(exc)[:300]})") from exc
+
+
+def check_choice(name: str, value, options) -> None:
+    """A combo value sent through /prompt (ComfyUI does not check V3 combos): one of the listed strings."""
+    if not isinstance(value, str) or value not in options:
+        raise ConfigError(name, f"one of {list(options)}", shown(value), f"choose an entry of the '{name}' list")
+
+
+def check_number(name: str, value, low: float, high: float, what: str) -> None:
+    """A float widget in [low, high]; NaN fails too (it passes ComfyUI's min/max check)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ConfigError(name, f"{what} in [{low:g}, {high:g}]", value)
+
+
+def check_widgets(mode, tree, delta, lam, jacobi: JacobiWidgets) -> None:
+    """Every choice and float widget, whether or not the mode reads it."""
+    check_choice("mode", mode, MODES)
+    check_choice("tree", tree, TREES)
+    check_choice("jacobi_init", jacobi.init, INITS)
+    check_choice("sjd_relaxation", jacobi.relaxation, SJD_RELAXATIONS)
+    check_number("delta", delta, 0.0, 1.0, "a total-variation budget")
+    check_number("lambda", lam, 1.0, 100.0, "a multiplicative bound")
+    check_number("gsd_gap", jacobi.gsd_gap, 0.0, 1.0, "a GSD group gap (probability difference)")
 
 
 def build_jacobi(mode: str, jacobi: JacobiWidgets, lantern_k: int, delta: float, lam: float) -> JacobiConfig:
@@ -81,8 +109,8 @@ def build_decoding(mode: str, drafter, tree: str, chain_length: int, custom_tree
                    delta: float, lam: float, eagle: DynamicShape, jacobi: JacobiWidgets = JacobiWidgets()
                    ) -> LanternDecoding:
     """Widget values -> LanternDecoding (validated; raises LanternError naming the parameter)."""
-    if mode not in MODES:
-        raise ConfigError("mode", f"one of {list(MODES)}", mode)
+    check_widgets(mode, tree, delta, lam, jacobi)
+    expect_link("drafter", drafter, LanternDrafter, "Lantern: Load Drafter", optional=True)
     if mode == "ar":
         return LanternDecoding("ar")
     if mode in JACOBI_MODES:

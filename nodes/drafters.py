@@ -4,7 +4,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from . import paths, runtime
-from .types import LanternDrafterType, LanternModel, LanternModelType
+from .types import LanternDrafterType, LanternModel, LanternModelType, expect_link
 
 
 class LanternDrafterLoader(io.ComfyNode):
@@ -30,9 +30,11 @@ class LanternDrafterLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, drafter: str, model=None) -> bool | str:
+    def validate_inputs(cls, drafter: str | None = None, model=None) -> bool | str:
         from ..lantern_core.errors import LanternError
 
+        if drafter is None:  # linked (or left out): checked when it runs
+            return True
         try:
             paths.resolve("lantern_drafters", drafter)
         except LanternError as exc:
@@ -43,6 +45,7 @@ class LanternDrafterLoader(io.ComfyNode):
     def execute(cls, model: LanternModel, drafter: str) -> io.NodeOutput:
         from ..lantern_core.errors import LanternError
 
+        expect_link("model", model, LanternModel, "Lantern: Load Model")
         if drafter == paths.EMBEDDED and model.name != paths.EMBEDDED:
             raise LanternError(f"the embedded drafter only fits the embedded model, not '{model.name}': put the "
                                "drafter trained for it in models/lantern/drafters and choose it")

@@ -6,7 +6,7 @@ from pathlib import Path
 from comfy_api.latest import io
 
 from . import paths, runtime
-from .types import LanternModelType
+from .types import LanternModelType, shown
 
 DESCRIPTION = ("Loads a visual autoregressive model (LlamaGen c2i/t2i, Anole / Chameleon, Janus-Pro, or the "
                "embedded default) with its VQ tokenizer and, for LlamaGen text-to-image models, its Flan-T5 text "
@@ -81,12 +81,16 @@ class LanternModelLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, checkpoint: str, vq_tokenizer: str, text_encoder: str, dtype: str) -> bool | str:
-        """Reject missing files and misfits before anything runs (ComfyUI shows the message on the node)."""
+    def validate_inputs(cls, checkpoint: str | None = None, vq_tokenizer: str | None = None,
+                        text_encoder: str | None = None, dtype: str | None = None) -> bool | str:
+        """Reject missing files and misfits before anything runs (ComfyUI shows the message on the node).
+        None: linked (or left out, which ComfyUI reports itself), checked when the node runs."""
         from ..lantern_core.errors import LanternError
 
-        if dtype not in DTYPE_CHOICES:
-            return f"dtype must be one of {DTYPE_CHOICES}, not {dtype!r}"
+        if dtype is not None and dtype not in DTYPE_CHOICES:
+            return f"dtype must be one of {DTYPE_CHOICES}, not {shown(dtype)!r}"
+        if None in (checkpoint, vq_tokenizer, text_encoder):
+            return True
         try:
             resolve_files(checkpoint, vq_tokenizer, text_encoder)
         except LanternError as exc:

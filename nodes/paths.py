@@ -9,7 +9,8 @@ from pathlib import Path
 import folder_paths
 
 from ..lantern_core.embedded import EMBEDDED_DRAFTER, EMBEDDED_GPT, EMBEDDED_NAME, EMBEDDED_VQ
-from ..lantern_core.errors import LanternError
+from ..lantern_core.errors import ConfigError, LanternError
+from .types import shown
 
 # folder name (usable as a key in extra_model_paths.yaml) -> default location under models/
 FOLDERS = {
@@ -22,6 +23,8 @@ NEIGHBOR_CACHE = "lantern/neighbors"  # under models/: latent-neighbour tables, 
 WEIGHT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin", ".ckpt"}
 EMBEDDED = EMBEDDED_NAME
 NONE = "none"
+WIDGETS = {"lantern_checkpoints": "checkpoint", "lantern_vq": "vq_tokenizer", "lantern_text_encoders": "text_encoder",
+           "lantern_drafters": "drafter"}  # the loader input that chooses from each folder
 
 
 def register_folders() -> None:
@@ -89,13 +92,21 @@ def neighbor_cache_dir() -> Path:
 
 
 def resolve(name: str, choice: str) -> Path:
-    """Combo value -> absolute path, or a LanternError naming the folder to put the file in."""
+    """Combo value -> absolute path, or a LanternError naming the folder to put the file in. Only names inside
+    the folders: an absolute path or '..' (a value sent through /prompt, not the list) is refused."""
     if choice == EMBEDDED:
         return {"lantern_checkpoints": EMBEDDED_GPT, "lantern_drafters": EMBEDDED_DRAFTER}.get(name, EMBEDDED_VQ)
+    relative = Path(choice.rstrip("/")) if isinstance(choice, str) and "\0" not in choice else None
+    if relative is None or not relative.parts or relative.anchor or ".." in relative.parts:
+        raise ConfigError(WIDGETS.get(name, name), f"a file or model folder name from the {name} folder(s)",
+                          shown(choice), "choose an entry of the list")
     for root in folder_paths.get_folder_paths(name):
-        candidate = Path(root) / choice.rstrip("/")
-        if candidate.exists():
-            return candidate
+        candidate = Path(root) / relative
+        try:
+            if candidate.exists():
+                return candidate
+        except OSError:  # e.g. a name too long for the file system: not there
+            continue
     roots = ", ".join(folder_paths.get_folder_paths(name))
-    raise LanternError(f"'{choice}' was not found in the {name} folder(s) ({roots}). Put the file (or the model "
-                       f"folder with its config.json) there, or choose another entry.")
+    raise LanternError(f"'{choice[:200]}' was not found in the {name} folder(s) ({roots}). Put the file (or the "
+                       f"model folder with its config.json) there, or choose another entry.")

@@ -18,7 +18,7 @@ from ..lantern_core.speculative import SpeculativeStats, speculative_generate
 
 from . import paths, runtime
 from .types import (LanternCond, LanternCondType, LanternDecoding, LanternDecodingType, LanternModel,
-                    LanternModelType, LanternTokens, LanternTokensType)
+                    LanternModelType, LanternTokens, LanternTokensType, expect_link)
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -128,6 +128,9 @@ def _neighbors(model: LanternModel, decoding: LanternDecoding):
 def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | None, sampling: SamplingConfig,
            seed: int, batch_size: int) -> tuple[LanternTokens, dict]:
     """One sampler run inside ComfyUI: place the model, generate with progress, release memory."""
+    expect_link("model", model, LanternModel, "Lantern: Load Model")
+    expect_link("conditioning", cond, LanternCond, "Lantern: Conditioning")
+    expect_link("decoding", decoding, LanternDecoding, "Lantern: Decoding Config", optional=True)
     decoding = decoding or LanternDecoding()
     speculative = decoding.mode != "ar"
     jacobi = isinstance(decoding.spec, JacobiConfig)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import torch
 from comfy_api.latest import io
 
+from ..lantern_core.errors import ConfigError
+
 LanternModelType = io.Custom("LANTERN_MODEL")
 LanternCondType = io.Custom("LANTERN_COND")
 LanternDecodingType = io.Custom("LANTERN_DECODING")
@@ -44,6 +46,27 @@ class LanternModel:
     @property
     def image_size(self) -> int:
         return self.config.grid_size * self.vq.model.config.downsample
+
+
+def shown(value) -> object:
+    """A widget value as an error message quotes it: short strings and small values as they are, long
+    strings cut, anything else by its type."""
+    if isinstance(value, str):
+        return value[:80]
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an int too long to print, a structure nested too deep
+        text = ""
+    return value if 0 < len(text) <= 80 else f"a {type(value).__name__}"
+
+
+def expect_link(name: str, value, kind: type, source: str, optional: bool = False) -> None:
+    """A socket input must carry `kind` from the node that makes it: ComfyUI passes a constant sent through
+    /prompt in its place unchecked (an optional socket may be left unconnected, None)."""
+    if isinstance(value, kind) or (optional and value is None):
+        return
+    found = "nothing (not connected)" if value is None else f"a value of type {type(value).__name__}"
+    raise ConfigError(name, f"the output of {source} linked to '{name}'", found, f"connect {source} to '{name}'")
 
 
 def target_key(model: LanternModel) -> tuple:

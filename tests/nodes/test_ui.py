@@ -3,6 +3,7 @@ Loads the shipped example workflow into the editor, clicks Run like a user, and 
 node shows the stats text and a 16x16 heat map (rendered as text/DOM, never as HTML from the server)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -18,13 +19,12 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 ARTIFACTS = REPO / "tests" / "artifacts"  # screenshots for people to look at; git-ignored
 
 
-def run_in_browser(server, workflow: dict, vue_nodes: bool, shot: str) -> dict:
-    """Load `workflow` into the editor, click Run, wait for the stats panel and the saved image."""
+@contextlib.contextmanager
+def editor(server, errors: list):
+    """Chromium on the ComfyUI editor, once the pack's nodes are registered; page errors go to `errors`."""
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), "install Debian's chromium (make browser)"
-    server.post("/api/settings/Comfy.VueNodes.Enabled", vue_nodes)
-    errors = []
     with sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(tempfile.mkdtemp(prefix="chromium-"), executable_path=CHROMIUM,
                                                    headless=True, args=ARGS, viewport={"width": 1600, "height": 900})
@@ -34,6 +34,14 @@ def run_in_browser(server, workflow: dict, vue_nodes: bool, shot: str) -> dict:
         page.goto(server.url, wait_until="domcontentloaded", timeout=90000)
         page.wait_for_function("() => window.app?.graph && window.LiteGraph?.registered_node_types"
                                " && 'LanternSampler' in window.LiteGraph.registered_node_types", timeout=120000)
+        yield ctx, page
+
+
+def run_in_browser(server, workflow: dict, vue_nodes: bool, shot: str) -> dict:
+    """Load `workflow` into the editor, click Run, wait for the stats panel and the saved image."""
+    server.post("/api/settings/Comfy.VueNodes.Enabled", vue_nodes)
+    errors = []
+    with editor(server, errors) as (ctx, page):
         assert page.evaluate("() => window.app.extensions.some(e => e.name === 'lantern.stats')")
         page.evaluate("async (wf) => { await window.app.loadGraphData(wf); }", workflow)
         sampler_id = page.evaluate("() => String(window.app.graph._nodes.find(n => n.type === 'LanternSampler').id)")
@@ -99,3 +107,48 @@ def test_speculative_workflows_show_their_tree_or_window_and_a_lit_heat_map(serv
         assert text in info["text"], (text, info["text"])
     assert absent not in info["text"] and not info["html"]
     assert not info["errors"], info["errors"]
+
+
+HOSTILE = ['<img src=x onerror="window.__pwned=1">', "<script>window.__pwned=1</script>", "<b>bold</b>"]
+
+
+def test_stats_panel_renders_hostile_strings_as_text_not_html(server):
+    """Stats whose every shown field (names, prompts, numbers as strings) carries markup: the panel shows the
+    markup literally, builds no img/script/b element, runs no handler, and the page reports no error."""
+    hostile = "".join(HOSTILE)
+    text_fields = ["mode", "tokens_per_s", "forward_passes", "batch", "image_tokens", "wall_time_s",
+                   "mean_accepted_length", "tree", "drafter", "mean_tvd_spent", "max_tvd_spent"]
+    stats = {name: f"{name}={hostile}" for name in text_fields}
+    stats.update(speculative=True, relaxed_tokens="3", acceptance_by_depth=[hostile, 0.5],
+                 conditions=[f"condition={hostile}", *HOSTILE], heatmap=[[1, 2], [3, hostile]])
+    server.post("/api/settings/Comfy.VueNodes.Enabled", False)
+    errors = []
+    with editor(server, errors) as (ctx, page):
+        page.evaluate("""(stats) => {
+            window.app.graph.clear();
+            const node = window.LiteGraph.createNode('LanternSampler');
+            node.pos = [400, 120];
+            window.app.graph.add(node);
+            node.onExecuted({lantern_stats: [stats]});
+            window.app.graph.setDirtyCanvas(true, true);
+        }""", stats)
+        page.wait_for_selector(".lantern-stats .lantern-stats-mode", state="attached", timeout=30000)
+        page.wait_for_timeout(1000)  # time for an <img onerror> to fire, had one been made
+        info = page.evaluate("""() => {
+            const node = window.app.graph._nodes.find(n => n.type === 'LanternSampler');
+            const root = node.widgets.find(w => w.name === 'lantern_stats').element;
+            return {text: root.textContent, made: root.querySelectorAll('img, script, b').length,
+                    anywhere: document.querySelectorAll('.lantern-stats img, .lantern-stats script, .lantern-stats b').length,
+                    inDocument: document.contains(root), pwned: typeof window.__pwned,
+                    lines: [...root.children].map(c => c.className)};
+        }""")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui_stats_hostile.png"))
+        ctx.close()
+    assert info["inDocument"], info
+    assert {k: info[k] for k in ("made", "anywhere", "pwned")} == {"made": 0, "anywhere": 0, "pwned": "undefined"}
+    for name in text_fields:
+        assert f"{name}={hostile}" in info["text"], (name, info["text"])
+    assert f"for: condition={hostile}, {', '.join(HOSTILE)}" in info["text"], info["text"]
+    assert "lantern-stats-relaxed" in info["lines"] and "lantern-heatmap" in info["lines"], info["lines"]
+    assert not errors, errors

@@ -43,7 +43,7 @@ export function renderStats(root, stats) {
   }
   const rows = Array.isArray(stats.heatmap) ? stats.heatmap : [];
   if (!rows.length) return;
-  const side = rows[0].length;
+  const side = Math.max(1, Math.min(1024, Math.trunc(Number(rows[0]?.length)) || 1)); // a number, never text
   const max = Math.max(1, ...rows.flat().map(Number));
   const grid = document.createElement("div");
   grid.className = "lantern-heatmap";
