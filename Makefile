@@ -41,11 +41,14 @@ test: $(HOST_STAMP) browser
 
 ## The long reliability run -> bench/results/soak_cpu.{json,md} and fuzz_loaders.json: 300 generations through a
 ## real ComfyUI (random Cancels and /free, repeated seeds, RSS, audited writes; ~10 min), then 1,000 mutated
-## files per loader and per config.json (~5 min). The test suite runs short versions of both.
+## files per loader and per config.json (~5 min), then the hostile-input cases (-> hostile_inputs.json, ~2 min).
+## The test suite runs the same hostile inputs and short versions of the other two.
 soak: $(HOST_STAMP)
 	$(PY) tests/host/soak.py --runs 300 --out bench/results
 	LANTERN_FUZZ_EXAMPLES=1000 LANTERN_FUZZ_REPORT=bench/results/fuzz_loaders.json \
 	    $(PY) -m pytest -q -p no:cacheprovider tests/core/test_fuzz_loaders.py
+	LANTERN_HOSTILE_REPORT=$(CURDIR)/bench/results/hostile_inputs.json \
+	    $(PY) -m pytest -q -p no:cacheprovider tests/nodes/test_hostile_inputs.py
 
 ## A real ComfyUI with the pack on http://127.0.0.1:8188 for a person (models in .host/serve/models/lantern).
 serve: $(HOST_STAMP)

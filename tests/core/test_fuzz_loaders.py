@@ -125,6 +125,7 @@ TARGETS = [(name, "weights") for name in LOADER_CASES] + [(name, "config") for n
 EDITS = {"weights": st.lists(EDIT, min_size=1, max_size=4), "config": st.lists(CONFIG_EDIT, min_size=1, max_size=3)}
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch on mutated pickles
 @pytest.mark.parametrize("loader,target", TARGETS, ids=[f"{n}-{t}" for n, t in TARGETS])
 def test_mutated_files_give_only_our_errors(valid, loader, target):
     """Mutated weights (every loader) or config.json (every folder loader): our errors or finite weights."""
@@ -135,7 +136,7 @@ def test_mutated_files_give_only_our_errors(valid, loader, target):
 
     before = sum(OUTCOMES[loader].values())
     fuzz()
-    assert sum(OUTCOMES[loader].values()) - before >= min(EXAMPLES, 20)
+    assert sum(OUTCOMES[loader].values()) - before >= EXAMPLES // 2  # the cases really ran
 
 
 def test_the_fuzzer_mutates(tmp_path):

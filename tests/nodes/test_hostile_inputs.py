@@ -10,13 +10,14 @@ message names the parameter; never a bare TypeError / KeyError / RuntimeError fr
 is alive, its prompt worker too, and a normal run succeeds.
 
 `hostile_summary()` returns the figures of the session (cases, outcomes, errors by kind, seconds);
-`pytest -s` prints them.
+`pytest -s` prints them; `make soak` writes them to bench/results/hostile_inputs.json.
 """
 from __future__ import annotations
 
 import copy
 import itertools
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -80,7 +81,10 @@ def hostile_summary() -> dict:
 
 
 def print_summary() -> None:
+    """Print the figures; with LANTERN_HOSTILE_REPORT=<file.json> (make soak) also write them there."""
     s = hostile_summary()
+    if os.environ.get("LANTERN_HOSTILE_REPORT"):
+        Path(os.environ["LANTERN_HOSTILE_REPORT"]).write_text(json.dumps(s, indent=1))
     print(f"\nhostile inputs: {s['total_cases']} cases {s['cases']}, outcomes {s['outcomes']}, seconds {s['seconds']}")
     for group, kinds in s["errors_by_kind_per_group"].items():
         print(f"  {group}:")
