@@ -42,7 +42,7 @@ from .models.kv_cache import attention_mask
 from .relaxation import Grouping, Relaxation, group_mass, relax
 from .sampling import Generators, generator_for, sample_from_probs
 from .layout import extend_neighbors
-from .speculative import NodeDistributions, RunTally, check_neighbors, weights_fingerprint
+from .speculative import NodeDistributions, RunTally, check_neighbors, weights_digest
 
 INITS = ("random", "sample_left", "repeat_left", "repeat_above")
 
@@ -315,7 +315,7 @@ def _decode_one(model: ImageTransformer, condition: Condition, sampling: Samplin
 
 # ---------------------------------------------------------------------------------------------- auto window
 
-_WINDOWS: dict[tuple, dict] = {}  # by weights fingerprint: a reloaded model keeps its window (same seed, same image)
+_WINDOWS: dict[tuple, dict] = {}  # by weights digest: a reloaded model keeps its window (same seed, same image)
 
 
 def _auto_key(sampling: SamplingConfig, config: JacobiConfig, device: torch.device, dtype: torch.dtype) -> tuple:
@@ -330,7 +330,7 @@ def _auto_window(model: ImageTransformer, condition: Condition, sampling: Sampli
     the most tokens per second on the measured cost curve. The user's seeds are untouched."""
     weight = model.tok_embeddings.weight
     key = _auto_key(sampling, config, weight.device, weight.dtype)
-    cached = _WINDOWS.setdefault(weights_fingerprint(model), {})
+    cached = _WINDOWS.setdefault(weights_digest(model), {})
     if key not in cached:
         scratch = RunTally(weight.device)
         N = model.config.num_image_tokens

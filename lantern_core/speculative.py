@@ -138,25 +138,25 @@ class NodeDistributions:
         return filter_logits(combined, s.temperature, s.top_k, s.top_p).softmax(-1)
 
 
-# Auto choices are remembered by the weights' fingerprint, not the module object: a model unloaded
+# Auto choices are remembered by the weights' digest, not the module object: a model unloaded
 # (ComfyUI's /free) and loaded again gets the same tree, so the same seed keeps giving the same image.
 _AUTO_CHOICES: dict[tuple, dict] = {}
 _COSTS: "weakref.WeakKeyDictionary[EagleDrafter, dict]" = weakref.WeakKeyDictionary()
 
 
-_FINGERPRINTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_DIGESTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
-def weights_fingerprint(module: torch.nn.Module) -> tuple:
+def weights_digest(module: torch.nn.Module) -> tuple:
     """Identity of a module's weights that survives unloading and reloading the same file: its class,
     config, and a hash of every parameter's shape, dtype and first and last 1,024 values (cheap on a 7B;
     computed once per module object)."""
-    if module not in _FINGERPRINTS:
-        _FINGERPRINTS[module] = _fingerprint(module)
-    return _FINGERPRINTS[module]
+    if module not in _DIGESTS:
+        _DIGESTS[module] = _digest(module)
+    return _DIGESTS[module]
 
 
-def _fingerprint(module: torch.nn.Module) -> tuple:
+def _digest(module: torch.nn.Module) -> tuple:
     digest = hashlib.sha256()
     for name, p in module.named_parameters():
         flat = p.detach().reshape(-1)
@@ -179,7 +179,7 @@ def _auto_choice(model: ImageTransformer, drafter: EagleDrafter, sampling: Sampl
 
 def _pair(model: ImageTransformer, drafter: EagleDrafter) -> tuple:
     weight = model.tok_embeddings.weight
-    return weights_fingerprint(model), weights_fingerprint(drafter), str(weight.device), str(weight.dtype)
+    return weights_digest(model), weights_digest(drafter), str(weight.device), str(weight.dtype)
 
 
 def _costs(model: ImageTransformer, drafter: EagleDrafter, rows: int) -> CostCurve:

@@ -123,13 +123,13 @@ def test_bad_dynamic_shape_names_the_parameter():
         SpeculativeConfig(tree="dynamic", dynamic=DynamicShape(depth=2, top_k=2, nodes=99))
 
 
-def test_weights_fingerprint_follows_the_weights_not_the_object():
-    from lantern_core.speculative import weights_fingerprint
+def test_weights_digest_follows_the_weights_not_the_object():
+    from lantern_core.speculative import weights_digest
     from tests.tiny_models import TINY_C2I, random_gpt
 
     a, b = random_gpt(TINY_C2I, seed=0), random_gpt(TINY_C2I, seed=0)
-    assert a is not b and weights_fingerprint(a) == weights_fingerprint(b)
+    assert a is not b and weights_digest(a) == weights_digest(b)
     c = random_gpt(TINY_C2I, seed=0)
     with torch.no_grad():
         c.layers[1].attention.wo.weight.view(-1)[-1] += 1.0  # the last value of one tensor
-    assert weights_fingerprint(c) != weights_fingerprint(a)
+    assert weights_digest(c) != weights_digest(a)

@@ -6,7 +6,8 @@ import torch
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
 from lantern_core.sampling import make_generators
-from lantern_core.speculative import _AUTO_CHOICES, SpeculativeConfig, speculative_generate
+from lantern_core import speculative
+from lantern_core.speculative import SpeculativeConfig, speculative_generate
 from lantern_core.tree import NAIVE_EXTEND_57, TreeSpec
 from lantern_core.tree_select import CostCurve, choose_subtree, measure_costs, node_rates
 from tests.tiny_models import TINY_C2I, random_drafter, random_gpt
@@ -50,7 +51,8 @@ def test_node_rates_follow_the_buffer_order():
     assert rates[NAIVE_EXTEND_57.paths[0]] == 0.1 and rates[NAIVE_EXTEND_57.paths[-1]] == 5.7
 
 
-def test_measured_curve_and_auto_runs_calibrate_once():
+def test_measured_curve_and_auto_runs_calibrate_once(monkeypatch):
+    monkeypatch.setattr(speculative, "_AUTO_CHOICES", {})  # choices are process-wide (by weights digest)
     model = random_gpt(TINY_C2I)
     drafter = random_drafter(model)
     curve = measure_costs(model, drafter, rows=2, reps=1)
@@ -63,7 +65,7 @@ def test_measured_curve_and_auto_runs_calibrate_once():
     redo = speculative_generate(model, drafter, Condition.classes([0, 1]), sampling, SpeculativeConfig(tree="auto"),
                                 make_generators(0, 2))
     assert torch.equal(redo.tokens, first.tokens)  # calibration never changes what a seed draws
-    chosen = _AUTO_CHOICES[drafter]
+    chosen = speculative._AUTO_CHOICES[speculative._pair(model, drafter)]
     ((tree, note),) = chosen.values()
     assert "tok/s for plain AR" in note and note in first.stats.tree
     assert set(tree.paths) <= set(NAIVE_EXTEND_57.paths)  # a static sub-tree, drafted as one
