@@ -119,6 +119,17 @@ def read_checkpoint(path: str | Path) -> RawCheckpoint:
                           "convert the weights to .safetensors, or point to a folder with config.json")
 
 
+def read_json_object(path: Path, fix: str) -> dict:
+    """A JSON file holding an object (config.json, ...): anything else is a CheckpointError naming it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(path, "a readable JSON config", f"a missing or unreadable file ({exc})", fix) from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(path, "a JSON object", f"a JSON {type(data).__name__}", fix)
+    return data
+
+
 def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
     """Save contiguous CPU copies of `tensors` with our JSON metadata."""
     path = Path(path)

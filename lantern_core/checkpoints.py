@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint_io import RawCheckpoint, read_checkpoint
+from .checkpoint_io import RawCheckpoint, read_checkpoint, read_json_object
 from .config import GPT_PRESETS, HEADS_BY_DIM, GPTConfig, VQConfig
 from .errors import CheckpointError, ConfigError
 from .models.gpt import LlamaGenGPT
@@ -137,12 +137,7 @@ def hf_to_llamagen(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, to
 
 def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """config.json + model.safetensors (or a sharded index) from an HF-style folder."""
-    config_path = folder / "config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(config_path, "a readable JSON config", f"an unreadable file ({exc})",
-                              "re-download config.json for this model") from exc
+    config = read_json_object(folder / "config.json", "re-download config.json for this model")
     index = next((folder / n for n in ("model.safetensors.index.json", "pytorch_model.bin.index.json")
                   if (folder / n).is_file()), None)
     if index is not None:
@@ -243,6 +238,17 @@ def check_layer_count(path: Path, config: GPTConfig, sd: dict[str, torch.Tensor]
                               "as the config says", f"{len(found)} layers in the weights", fix)
 
 
+def build_on_meta(module_class: type, config, path: Path, fix: str) -> torch.nn.Module:
+    """`module_class(config)` on the meta device (no throw-away init of billions of parameters); sizes no
+    tensor can have (a damaged config) are a CheckpointError, not torch's overflow error."""
+    try:
+        with torch.device("meta"):
+            return module_class(config)
+    except (RuntimeError, ValueError, OverflowError) as exc:
+        raise CheckpointError(path, "a config whose sizes a model can be built with",
+                              f"{type(exc).__name__}: {str(exc)[:200]}", fix) from exc
+
+
 def load_state_strict(module: torch.nn.Module, sd: dict[str, torch.Tensor], path: Path, fix: str,
                       assign: bool = False) -> None:
     """load_state_dict(strict=True) with an error that lists missing / unexpected / mis-shaped keys."""
@@ -324,8 +330,7 @@ def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.devic
         raise CheckpointError(path, "the saved buffer cls_embedding.uncond_embedding", "no such tensor",
                               "this checkpoint lacks the unconditional caption embedding; re-download it")
     check_layer_count(path, config, tensors, GPT_FIX)
-    with torch.device("meta"):  # no throw-away random init of billions of parameters
-        model = LlamaGenGPT(config)
+    model = build_on_meta(LlamaGenGPT, config, path, GPT_FIX)
     load_state_strict(model, {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},
                       path, GPT_FIX, assign=True)
     model.rope_table = model._build_rope()

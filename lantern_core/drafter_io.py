@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint_io import read_checkpoint, write_safetensors
-from .checkpoints import config_from_metadata, load_state_strict, strip_prefixes
+from .checkpoint_io import read_checkpoint, read_json_object, write_safetensors
+from .checkpoints import build_on_meta, config_from_metadata, load_state_strict, strip_prefixes
 from .config import HEADS_BY_DIM, DrafterConfig, GPTConfig
 from .errors import CheckpointError, ConfigError, LanternError
 from .models.drafter import EagleDrafter
@@ -133,12 +133,8 @@ def image_rows(path: Path, sd: dict[str, torch.Tensor], config: DrafterConfig,
 
 
 def _read_config(config_path: Path) -> dict:
-    try:
-        hf = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(config_path, "a readable JSON config", f"an unreadable file ({exc})",
-                              "re-download config.json") from exc
-    if not isinstance(hf, dict) or not isinstance(hf.get("lantern", {}), dict):
+    hf = read_json_object(config_path, "re-download config.json")
+    if not isinstance(hf.get("lantern", {}), dict):
         raise CheckpointError(config_path, "a JSON object (its 'lantern' entry an object too)",
                               f"{type(hf).__name__} {str(hf)[:80]}", "re-download config.json")
     return hf
@@ -248,8 +244,7 @@ def load_drafter(path: str | Path, target: GPTConfig | None = None, device: torc
     if target is not None and (problems := config.mismatches(target)):
         raise CheckpointError(path, "a drafter trained for the chosen target model", "a drafter with "
                               + ", ".join(problems), DRAFTER_FIX)
-    with torch.device("meta"):
-        model = EagleDrafter(config)
+    model = build_on_meta(EagleDrafter, config, path, DRAFTER_FIX)
     load_state_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()},
                       path, DRAFTER_FIX, assign=True)
     model.rope_table = model._build_rope()

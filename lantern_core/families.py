@@ -14,15 +14,14 @@ Weight renaming is `family_io.py`; model code is the shared trunk (`models/promp
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .checkpoint_io import read_checkpoint
-from .checkpoints import check_layer_count, infer_vq_config, load_state_strict, read_hf_folder
+from .checkpoint_io import read_checkpoint, read_json_object
+from .checkpoints import build_on_meta, check_layer_count, infer_vq_config, load_state_strict, read_hf_folder
 from .config import GPTConfig
 from .errors import CheckpointError, ConfigError
 from .family_io import chameleon_state, janus_state, taming_to_ours
@@ -60,14 +59,7 @@ class LoadedPrompted:
 
 
 def read_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(path, "a readable JSON config", f"a missing or unreadable file ({exc})", FIX) from exc
-    if not isinstance(cfg, dict):
-        raise CheckpointError(path, "a JSON object", f"a JSON {type(cfg).__name__}", FIX)
-    return cfg
+    return read_json_object(folder / "config.json", FIX)
 
 
 def section(cfg: dict, *keys: str) -> dict:
@@ -82,10 +74,10 @@ def section(cfg: dict, *keys: str) -> dict:
     return node
 
 
-def detect_family(folder: str | Path) -> tuple[str, str]:
-    """(family, layout) of a model folder, from config.json's model_type."""
+def detect_family(folder: str | Path, cfg: dict | None = None) -> tuple[str, str]:
+    """(family, layout) of a model folder, from config.json's model_type (`cfg`: the config, already read)."""
     folder = Path(folder)
-    model_type = read_config(folder).get("model_type")
+    model_type = (read_config(folder) if cfg is None else cfg).get("model_type")
     if not isinstance(model_type, str) or model_type not in LAYOUTS:
         raise CheckpointError(folder / "config.json", f"model_type one of {sorted(LAYOUTS)} (Chameleon / Anole / "
                               "Lumina-mGPT, Janus-Pro)", repr(model_type), FIX)
@@ -242,8 +234,8 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     (in `vq_dtype`, default the model's dtype). `vqgan`: a Chameleon VQGAN file to use instead of the
     folder's."""
     folder = Path(folder)
-    family, layout = detect_family(folder)
     cfg = read_config(folder)
+    family, layout = detect_family(folder, cfg)
     notes: list[str] = []
     lumina = family == "chameleon" and is_lumina(folder, cfg)
     if lumina:
@@ -279,8 +271,7 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
         sd = janus_state(folder, tensors, config)
         vq, vq_source = load_janus_vq(folder, tensors, layout), layout
     check_layer_count(folder, config, sd, FIX)
-    with torch.device("meta"):
-        model = PromptedImageLM(config)
+    model = build_on_meta(PromptedImageLM, config, folder, FIX)
     # cast once, straight to the run dtype (a 7B bf16 checkpoint never passes through float32)
     load_state_strict(model, {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}, folder, FIX,
                       assign=True)

@@ -13,7 +13,7 @@ from ..lantern_core.jacobi import INITS, JacobiConfig
 from ..lantern_core.relaxation import Grouping, Relaxation
 from ..lantern_core.speculative import SpeculativeConfig
 from ..lantern_core.tree import STATIC_TREES, TreeSpec, chain_tree
-from .types import LanternDecoding, LanternDecodingType, LanternDrafter, LanternDrafterType, expect_link, shown
+from .types import LanternDecoding, LanternDecodingType, LanternDrafter, LanternDrafterType, check_choice, expect_link
 
 MODES = {
     "ar": "plain autoregressive decoding, one forward pass per token (the reference)",
@@ -58,12 +58,6 @@ def parse_custom_tree(text: str) -> TreeSpec:
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # RecursionError: nesting too deep
         raise ConfigError("custom_tree", "a JSON list of paths of child ranks, e.g. [[0], [1], [0, 0]]",
                           text[:80], f"fix the JSON ({str(exc)[:300]})") from exc
-
-
-def check_choice(name: str, value, options) -> None:
-    """A combo value sent through /prompt (ComfyUI does not check V3 combos): one of the listed strings."""
-    if not isinstance(value, str) or value not in options:
-        raise ConfigError(name, f"one of {list(options)}", shown(value), f"choose an entry of the '{name}' list")
 
 
 def check_number(name: str, value, low: float, high: float, what: str) -> None:

@@ -20,9 +20,8 @@ import comfy.model_patcher
 import comfy.utils
 
 from ..lantern_core.checkpoints import load_gpt, load_vq
-from ..lantern_core.errors import ConfigError
 
-from .types import LanternDrafter, LanternModel, shown, target_key
+from .types import LanternDrafter, LanternModel, check_choice, target_key
 
 log = logging.getLogger("lantern.nodes")
 
@@ -33,9 +32,8 @@ _REGISTRY_LOCK = threading.Lock()
 
 def choose_dtype(choice: str) -> torch.dtype:
     """'auto' follows ComfyUI's policy for the compute device (bf16 where fast, else fp32)."""
+    check_choice("dtype", choice, ["auto", *DTYPES])
     if choice != "auto":
-        if not isinstance(choice, str) or choice not in DTYPES:
-            raise ConfigError("dtype", f"one of {['auto', *DTYPES]}", shown(choice), "choose an entry of the list")
         return DTYPES[choice]
     device = mm.get_torch_device()
     if mm.should_use_bf16(device):

@@ -60,6 +60,12 @@ def shown(value) -> object:
     return value if 0 < len(text) <= 80 else f"a {type(value).__name__}"
 
 
+def check_choice(name: str, value, options) -> None:
+    """A combo value sent through /prompt (ComfyUI does not check V3 combos): one of the listed strings."""
+    if not isinstance(value, str) or value not in options:
+        raise ConfigError(name, f"one of {list(options)}", shown(value), f"choose an entry of the '{name}' list")
+
+
 def expect_link(name: str, value, kind: type, source: str, optional: bool = False) -> None:
     """A socket input must carry `kind` from the node that makes it: ComfyUI passes a constant sent through
     /prompt in its place unchecked (an optional socket may be left unconnected, None)."""
