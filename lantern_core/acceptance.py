@@ -6,6 +6,10 @@ replacement*. Candidate j is tested against the current target residual p_j with
 conditional q_j = q with x_1..x_{j-1} removed and renormalised:
     accept x_j with probability min(1, p~_j(x_j) / q_j(x_j));
     on rejection p_{j+1} = normalise(max(0, p_j - q'_j)).
+q arrives as log-probabilities and q_j is renormalised in the log domain (logsumexp over what is left):
+after a sibling holding almost all of q is rejected, what is left of q can be far below float32's
+normal range (1e-43 is common under CFG), and a probability-space renormalisation then loses the
+scale and accepts the next sibling with a wildly wrong ratio (issue 14).
 Without relaxation p~ = p and q' = q_j: each round is standard speculative sampling between p_j and q_j,
 so the output is distributed exactly as p (recursive rejection sampling; EAGLE-1's static-tree rule).
 
@@ -35,10 +39,18 @@ class SiblingVerdict:
     absorbed: torch.Tensor | None = None  # (B,) relaxed mass moved onto the accepted token (0 if exact)
 
 
-def _normalise(x: torch.Tensor) -> torch.Tensor:
+def normalise(x: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """x (B, V) >= 0 scaled to sum 1 per row, however small its total (no floor on the divisor: a floor
+    would leave a tiny row unnormalised); rows that are all zero get `fallback` (B, V) instead."""
     total = x.sum(-1, keepdim=True)
-    uniform = torch.full_like(x, 1.0 / x.shape[-1])
-    return torch.where(total > 0, x / total.clamp(min=torch.finfo(x.dtype).tiny), uniform)
+    return torch.where(total > 0, x / torch.where(total > 0, total, torch.ones_like(total)), fallback)
+
+
+def conditional_draft(log_q_left: torch.Tensor) -> torch.Tensor:
+    """(B, V) log-mass of the drafter tokens not drawn yet -> their renormalised probabilities q_j,
+    computed in the log domain (exact for any scale); all zeros where nothing is left."""
+    total = torch.logsumexp(log_q_left, dim=-1, keepdim=True)
+    return (log_q_left - torch.where(torch.isfinite(total), total, torch.zeros_like(total))).exp()
 
 
 def absorbed_set(tokens: torch.Tensor, count: torch.Tensor, neighbors: torch.Tensor, k: int, V: int) -> torch.Tensor:
@@ -49,27 +61,27 @@ def absorbed_set(tokens: torch.Tensor, count: torch.Tensor, neighbors: torch.Ten
     return out.scatter(1, near, take)
 
 
-def accept_siblings(p: torch.Tensor, q: torch.Tensor | None, children: torch.Tensor, uniforms: torch.Tensor,
+def accept_siblings(p: torch.Tensor, log_q: torch.Tensor | None, children: torch.Tensor, uniforms: torch.Tensor,
                     valid: torch.Tensor | None = None, rule: Relaxation | None = None,
                     neighbors: torch.Tensor | None = None) -> SiblingVerdict:
-    """p (B, V) target distribution; q (B, V) the drafter distribution the siblings were drawn from
-    without replacement, or None for deterministic (top-k) siblings; children (B, m) in rank order;
-    uniforms (B, m) in [0, 1); valid (B, m) marks real siblings (padding and q(x) = 0 are skipped).
-    On accelerators a fixed m-step loop of tensor ops with no host syncs; on the CPU it stops early."""
+    """p (B, V) target distribution; log_q (B, V) log-probabilities of the drafter distribution the
+    siblings were drawn from without replacement, or None for deterministic (top-k) siblings; children
+    (B, m) in rank order; uniforms (B, m) in [0, 1); valid (B, m) marks real siblings (padding and
+    q(x) = 0 are skipped). On accelerators a fixed m-step loop of tensor ops with no host syncs; on the
+    CPU it stops early."""
     B, m = children.shape
     V = p.shape[-1]
     device = p.device
     residual = p.clone()
-    q_left = None if q is None else q.clone()
+    q_left = None if log_q is None else log_q.to(p.dtype).clone()  # log-mass of the tokens not drawn yet
     accepted = torch.full((B,), -1, dtype=torch.long, device=device)
     absorbed_out = torch.zeros(B, dtype=p.dtype, device=device)
     rows = torch.arange(B, device=device)
     relaxed = rule is not None and rule.k > 0
     if valid is None:
         valid = torch.ones_like(children, dtype=torch.bool)
-    if q is not None:
-        valid = valid & (q.gather(1, children.clamp(min=0)) > 0)
-    tiny = torch.finfo(p.dtype).tiny
+    if log_q is not None:
+        valid = valid & (log_q.gather(1, children.clamp(min=0)) > float("-inf"))
     cpu = p.device.type == "cpu"  # reading a flag costs nothing there, so stop as soon as every row is settled
     for j in range(m):
         if cpu and not bool(((accepted < 0) & valid[:, j]).any()):
@@ -80,25 +92,24 @@ def accept_siblings(p: torch.Tensor, q: torch.Tensor | None, children: torch.Ten
             p_x, absorbed, count = mass.probability, mass.absorbed, mass.count
         else:
             p_x, absorbed, count = residual[rows, x], None, None
-        if q_left is not None:
-            q_j = _normalise(q_left)
-            ratio = p_x / q_j[rows, x].clamp(min=tiny)
-        else:
-            ratio = p_x
+        # accept iff u < p_x / q_j(x), written as a product (q_j(x) > 0 for every valid sibling)
+        q_j = None if q_left is None else conditional_draft(q_left)
+        scale = 1.0 if q_j is None else q_j[rows, x]
         open_rows = (accepted < 0) & valid[:, j]
-        take = open_rows & (uniforms[:, j] < ratio)
+        take = open_rows & (uniforms[:, j] * scale < p_x)
         accepted = torch.where(take, torch.full_like(accepted, j), accepted)
         if absorbed is not None:
             absorbed_out = torch.where(take, absorbed, absorbed_out)
         reject = (open_rows & ~take)[:, None]
         carve = absorbed_set(x, count, neighbors, rule.k, V) if relaxed else None
-        if q_left is not None:
+        # after a rejection the residual is never empty in exact arithmetic; if rounding empties it, keep p_j
+        if q_j is not None:
             q_prime = q_j if carve is None else q_j.masked_fill(carve, 0.0)
-            updated = _normalise((residual - q_prime).clamp(min=0.0))
-            kept = torch.where(valid[:, j], torch.zeros_like(q_left[:, 0]), q_left[rows, x])
+            updated = normalise((residual - q_prime).clamp(min=0.0), residual)
+            kept = torch.where(valid[:, j], torch.full_like(q_left[:, 0], float("-inf")), q_left[rows, x])
             q_left = q_left.index_put((rows, x), kept)
         else:
             drop = torch.zeros(B, V, dtype=torch.bool, device=device).scatter(1, x[:, None], True)
-            updated = _normalise(residual.masked_fill(drop if carve is None else drop | carve, 0.0))
+            updated = normalise(residual.masked_fill(drop if carve is None else drop | carve, 0.0), residual)
         residual = torch.where(reject, updated, residual)
     return SiblingVerdict(accepted, residual, absorbed_out)

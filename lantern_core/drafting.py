@@ -4,13 +4,15 @@ expansion by cumulative drafter log-probability, pruned to the best `nodes`).
 
 `DrafterSession` owns the drafter's KV cache for one image: `consume` appends accepted (feature, token)
 pairs, `expand` runs tree nodes against the cached prefix plus their ancestors. Node distributions
-come from `NodeDistribution`, the same CFG + filters the target uses. Verification is in
+come from the same CFG + filters the target uses, as log-probabilities: children are drawn without
+replacement by a Gumbel race in the log domain, so a sibling after one that held almost all of q is
+still drawn from q's true conditional, however far below float32's range its mass is. Verification is in
 `tree_walk.py`; the decode loop in `speculative.py`. Everything stays on the device: no host syncs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Protocol
 
 import torch
 
@@ -19,8 +21,13 @@ from .models.gpt import ForwardStep, ImageTransformer
 from .models.kv_cache import attention_mask
 from .tree import TreeBuffers, TreeSpec, build_tree_buffers
 
-# logits (rows, T, V) and the image-token index each row of T predicts (T,) -> (T, V) distribution
-NodeDistribution = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+class NodeDistribution(Protocol):
+    """CFG + filters of one run (speculative.NodeDistributions): logits (rows, T, V) and the image-token
+    index each of T predicts -> (G, T, V) per tree."""
+
+    def log_probs(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """log of the sampling distribution; -inf where the filters remove a token."""
 
 
 @dataclass
@@ -33,7 +40,7 @@ class DraftTree:
     mask: torch.Tensor  # (n+1, n+1) or (G, n+1, n+1) bool, ancestor-or-self
     children: torch.Tensor  # (n+1, C) or (G, n+1, C) long node ids by rank, -1 padded
     depth: int
-    q: torch.Tensor | None  # (G, n+1, V) drafter distribution each node's children were sampled from; None = top-k
+    log_q: torch.Tensor | None  # (G, n+1, V) log drafter law each node's children were drawn from; None = top-k
 
 
 class DrafterSession:
@@ -96,10 +103,13 @@ def per_row(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x.repeat(rows // x.shape[0], *([1] * (x.dim() - 1)))
 
 
-def sample_without_replacement(q: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
-    """q (P, V) -> (P, count) tokens drawn without replacement, in draw order (torch's exponential race,
-    i.e. Gumbel-top-k: the k-th column is distributed as the k-th draw of sequential sampling)."""
-    return torch.multinomial(q.float(), count, replacement=False, generator=generator)
+def sample_without_replacement(log_q: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
+    """log_q (P, V) -> (P, count) tokens drawn without replacement, in draw order: Gumbel-top-k in the
+    log domain (log q - log E, E ~ Exp(1), torch's own race for multinomial, without leaving the log
+    domain), so the k-th column is distributed as the k-th draw of sequential sampling from q, even
+    where q is below float32's range. Tokens with log q = -inf come last (callers mark them invalid)."""
+    noise = torch.empty(log_q.shape, dtype=torch.float32, device=log_q.device).exponential_(generator=generator)
+    return (log_q.float() - noise.log()).topk(count, dim=-1).indices
 
 
 @dataclass
@@ -158,12 +168,13 @@ def draft_static(session: DrafterSession, target: ImageTransformer, plan: Static
     tokens[:, 0] = root_tokens
     feats = session.root_feature.new_zeros(rows, n1, dim)
     feats[:, 0] = session.root_feature
-    root_q = distribution(target.logits(session.root_feature[:, None]), torch.tensor([root_index + 1], device=device))
-    q = root_q.new_zeros(G, n1, root_q.shape[-1])
-    q[:, 0] = root_q[:, 0]
+    root_q = distribution.log_probs(target.logits(session.root_feature[:, None]),
+                                    torch.tensor([root_index + 1], device=device))
+    log_q = root_q.new_full((G, n1, root_q.shape[-1]), float("-inf"))
+    log_q[:, 0] = root_q[:, 0]
     for d in range(1, plan.spec.depth + 1):
         parents, nodes, width = plan.parents_at[d], plan.nodes_at[d], plan.width_at[d]
-        qp = q[:, parents].reshape(G * parents.numel(), -1)  # (G*P, V)
+        qp = log_q[:, parents].reshape(G * parents.numel(), -1)  # (G*P, V)
         drawn = qp.topk(width, dim=-1).indices if greedy else sample_without_replacement(qp, width, generator)
         drawn = drawn.view(G, parents.numel(), width)
         tokens[:, nodes] = drawn[:, plan.row_of[d], plan.rank_of[d]]
@@ -172,8 +183,8 @@ def draft_static(session: DrafterSession, target: ImageTransformer, plan: Static
             out = session.expand(feats[:, b.parents[grow]], per_row(tokens[:, grow], rows), d, grow,
                                  b.mask[grow][:, 1:])
             feats[:, grow] = out
-            q[:, grow] = distribution(target.logits(out), root_index + 1 + b.depths[grow])
-    return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, None if greedy else q)
+            log_q[:, grow] = distribution.log_probs(target.logits(out), root_index + 1 + b.depths[grow])
+    return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, None if greedy else log_q)
 
 
 @dataclass(frozen=True)
@@ -192,8 +203,8 @@ def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: Dyna
     G = root_tokens.shape[0]
     device = root_tokens.device
     gi = torch.arange(G, device=device)[:, None]
-    logq = distribution(target.logits(session.root_feature[:, None]),
-                        torch.tensor([root_index + 1], device=device))[:, 0].clamp(min=0).log()  # (G, V)
+    logq = distribution.log_probs(target.logits(session.root_feature[:, None]),
+                                  torch.tensor([root_index + 1], device=device))[:, 0]  # (G, V)
     score, tok = logq.topk(K, dim=-1)  # (G, K)
     pool_tok, pool_score = [tok], [score]
     pool_parent = [torch.full((G, K), -1, dtype=torch.long, device=device)]  # pool index of the parent, -1 root
@@ -205,8 +216,8 @@ def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: Dyna
     for level in range(2, D + 1):
         slots = torch.arange((level - 2) * K, (level - 1) * K, device=device)  # this frontier's slots
         out = session.expand(feat_in, per_row(tok, rows), level - 1, slots + 1, ancestry)
-        child = distribution(target.logits(out), torch.full((K,), root_index + level, device=device))  # (G, K, V)
-        c_score, c_tok = child.clamp(min=0).log().topk(K, dim=-1)  # (G, K, K)
+        child = distribution.log_probs(target.logits(out), torch.full((K,), root_index + level, device=device))
+        c_score, c_tok = child.topk(K, dim=-1)  # (G, K, K) log-probabilities
         c_score = (score[..., None] + c_score).reshape(G, K * K)  # cumulative
         c_tok = c_tok.reshape(G, K * K)
         pool_tok.append(c_tok), pool_score.append(c_score), pool_parent.append(frontier.repeat_interleave(K, dim=1))

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .acceptance import absorbed_set
+from .acceptance import absorbed_set, normalise
 from .conditioning import Condition
 from .config import SamplingConfig
 from .errors import ConfigError
@@ -91,9 +91,7 @@ class JacobiConfig:
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Where a rejected draft's position is resampled from: normalise(max(0, p - q)) (p if that is empty)."""
-    residual = (p - q).clamp(min=0)
-    total = residual.sum(-1, keepdim=True)
-    return torch.where(total > 0, residual / total.clamp(min=torch.finfo(p.dtype).tiny), p)
+    return normalise((p - q).clamp(min=0), p)
 
 
 # ---------------------------------------------------------------------------------------------- cache
@@ -147,7 +145,7 @@ def judge_window(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, uniform
             target = torch.where(relaxable, group.target, target)
             draft = torch.where(relaxable, group.draft, draft)
             gain = target - p[rows, drafts]
-        ok = uniforms[:w] < target / draft.clamp(min=torch.finfo(p.dtype).tiny)
+        ok = uniforms[:w] * draft < target  # u < target / draft without dividing (draft > 0 for a drawn token)
     a = int(ok.long().cumprod(0).sum())  # the one host read per iteration
     if greedy:
         token = p[a:a + 1].argmax(-1)

@@ -131,11 +131,19 @@ class NodeDistributions:
         return torch.where(active, mixed, cond)
 
     def __call__(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return self._filtered(logits, index).softmax(-1)
+
+    def log_probs(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """log of `__call__` computed as a log-softmax: finite wherever the filters keep a token, even
+        where the probability itself underflows float32 (what drafting without replacement needs)."""
+        return self._filtered(logits, index).log_softmax(-1)
+
+    def _filtered(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         combined = self.combine(logits, index)
         if self.sampling.greedy:
-            return combined.softmax(-1)
+            return combined
         s = self.sampling
-        return filter_logits(combined, s.temperature, s.top_k, s.top_p).softmax(-1)
+        return filter_logits(combined, s.temperature, s.top_k, s.top_p)
 
 
 # Auto choices are remembered by the weights' digest, not the module object: a model unloaded
@@ -385,6 +393,6 @@ def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length:
     greedy = dist.sampling.greedy
     target = dist.combine(logits, index) if greedy else dist(logits, index)  # (G, n+1, V)
     uniforms = torch.rand((G, tree.depth, tree.children.shape[-1] + 1), generator=generator, device=logits.device)
-    walk = walk_tree(target, tree.children, tree.tokens, tree.depth, uniforms, tree.q, greedy,
+    walk = walk_tree(target, tree.children, tree.tokens, tree.depth, uniforms, tree.log_q, greedy,
                      spec.relaxation, neighbors)
     return Verification(walk, hidden)

@@ -48,11 +48,12 @@ def greedy_children(scores: torch.Tensor, child_tokens: torch.Tensor, valid: tor
 
 
 def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.Tensor, depth: int,
-              uniforms: torch.Tensor, drafter_q: torch.Tensor | None = None, greedy: bool = False,
+              uniforms: torch.Tensor, drafter_log_q: torch.Tensor | None = None, greedy: bool = False,
               rule: Relaxation | None = None, neighbors: torch.Tensor | None = None) -> WalkResult:
     """target (B, n+1, V): target probabilities at each node (greedy: CFG-combined logits); children
     (n+1, C) or per row (B, n+1, C) node ids by rank, -1 padded; node_tokens (B, n+1); uniforms (B, depth, C+1);
-    drafter_q (B, n+1, V) for sampled trees, None when children are deterministic (top-k)."""
+    drafter_log_q (B, n+1, V) log drafter distributions for sampled trees, None when children are
+    deterministic (top-k)."""
     B = target.shape[0]
     device = target.device
     rows = torch.arange(B, device=device)
@@ -74,8 +75,8 @@ def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.T
         if greedy:
             choice, mass = greedy_children(here, tokens, valid, rule, neighbors)
         else:
-            q = None if drafter_q is None else drafter_q[rows, cur]
-            verdict = accept_siblings(here, q, tokens, uniforms[:, d, :C], valid, rule, neighbors)
+            log_q = None if drafter_log_q is None else drafter_log_q[rows, cur]
+            verdict = accept_siblings(here, log_q, tokens, uniforms[:, d, :C], valid, rule, neighbors)
             choice, mass = verdict.accepted, verdict.absorbed
             # a row that rejected every real child keeps its residual for the bonus draw
             stop = alive & valid.any(-1) & (choice < 0)

@@ -3,7 +3,9 @@ draws for several p/q pairs and sibling counts), and the same test rejects delib
 import pytest
 import torch
 
+import lantern_core.acceptance as acceptance
 from lantern_core.acceptance import SiblingVerdict, accept_siblings
+from lantern_core.drafting import sample_without_replacement
 from lantern_core.sampling import sample_from_probs
 
 CHI2_CRIT_DF5_P001 = 20.515  # V = 6 -> 5 degrees of freedom, alpha = 0.001
@@ -20,7 +22,7 @@ def outcome_counts(p, q, m, seed, rule=accept_siblings):
     g = torch.Generator().manual_seed(seed)
     P, Q = p.expand(N, -1).contiguous(), q.expand(N, -1).contiguous()
     children = torch.multinomial(Q, m, replacement=False, generator=g)  # draw order = sibling rank
-    verdict = rule(P, Q, children, torch.rand(N, m, generator=g, dtype=p.dtype))
+    verdict = rule(P, Q.log(), children, torch.rand(N, m, generator=g, dtype=p.dtype))
     fallback = sample_from_probs(verdict.residual, torch.rand(N, generator=g, dtype=p.dtype))
     chosen = children.gather(1, verdict.accepted.clamp(min=0)[:, None])[:, 0]
     tokens = torch.where(verdict.accepted >= 0, chosen, fallback)
@@ -44,9 +46,10 @@ def test_output_is_distributed_as_the_target(p, q, m):
         assert (verdict.accepted == 0).all()  # a perfect drafter is always accepted at the first sibling
 
 
-def wrong_rule_without_replacement_correction(p, q, children, uniforms):
+def wrong_rule_without_replacement_correction(p, log_q, children, uniforms):
     """Deliberately wrong: tests every sibling against the unconditioned q (ignores sampling without
     replacement)."""
+    q = log_q.exp()
     B, m = children.shape
     residual, accepted = p.clone(), torch.full((B,), -1, dtype=torch.long)
     rows = torch.arange(B)
@@ -65,4 +68,37 @@ def wrong_rule_without_replacement_correction(p, q, children, uniforms):
 def test_the_chi_square_test_rejects_a_wrong_rule():
     p, q, m = (t.double() if isinstance(t, torch.Tensor) else t for t in CASES[1])
     counts, _ = outcome_counts(p, q, m, seed=7, rule=wrong_rule_without_replacement_correction)
+    assert chi_square(counts, p) > CHI2_CRIT_DF5_P001
+
+
+def nearly_certain_drafter_counts(seed, m=3):
+    """q puts all but ~1e-39 of its mass on token 0 (a drafter under CFG): after token 0 is drawn and
+    rejected, what is left of q lies below float32's smallest normal number. float32, as on a device."""
+    p = torch.tensor([0.05, 0.30, 0.25, 0.20, 0.10, 0.10])
+    log_q = torch.tensor([0.0, -90.0, -92.0, -95.0, -98.0, -101.0])  # q(1..5) ~ 8e-40 .. 1.4e-44
+    g = torch.Generator().manual_seed(seed)
+    P, LQ = p.expand(N, -1).contiguous(), log_q.expand(N, -1).contiguous()
+    children = sample_without_replacement(LQ, m, g)
+    assert (children[:, 0] == 0).all() and (children[:, 1] == 1).float().mean() > 0.8  # q's own conditional
+    verdict = accept_siblings(P, LQ, children, torch.rand(N, m, generator=g))
+    fallback = sample_from_probs(verdict.residual, torch.rand(N, generator=g))
+    chosen = children.gather(1, verdict.accepted.clamp(min=0)[:, None])[:, 0]
+    tokens = torch.where(verdict.accepted >= 0, chosen, fallback)
+    return torch.bincount(tokens, minlength=6).double(), p.double()
+
+
+def test_a_nearly_certain_drafter_is_judged_against_its_true_conditional():
+    """Issue 14 at the unit level: the next sibling is tested against q renormalised in the log domain."""
+    counts, p = nearly_certain_drafter_counts(seed=21)
+    assert chi_square(counts, p) < CHI2_CRIT_DF5_P001
+
+
+def test_renormalising_what_is_left_of_q_in_probability_space_is_caught(monkeypatch):
+    """The pre-fix rule (leftover q divided by its sum floored at float32's tiny) fails the same test."""
+    def floored(log_q_left):
+        q = log_q_left.exp()
+        return q / q.sum(-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)
+
+    monkeypatch.setattr(acceptance, "conditional_draft", floored)
+    counts, p = nearly_certain_drafter_counts(seed=21)
     assert chi_square(counts, p) > CHI2_CRIT_DF5_P001

@@ -144,9 +144,9 @@ def test_exact_modes_sample_the_target_law(models, mode):
     assert first > 1e-3 and second > 1e-3, (first, second)
 
 
-def residual_forgotten(p, q, children, uniforms, valid=None, rule=None, neighbors=None):
+def residual_forgotten(p, log_q, children, uniforms, valid=None, rule=None, neighbors=None):
     """Deliberately wrong: after rejecting every sibling, sample the bonus from p, not the residual."""
-    verdict = accept_siblings(p, q, children, uniforms, valid, rule, neighbors)
+    verdict = accept_siblings(p, log_q, children, uniforms, valid, rule, neighbors)
     return SiblingVerdict(verdict.accepted, p.clone(), verdict.absorbed)
 
 
@@ -161,9 +161,10 @@ def test_the_same_test_rejects_a_wrong_rule(models, mode, monkeypatch):
     assert min(first, second) < 1e-6
 
 
-def raw_q_rule(p, q, children, uniforms, valid=None, rule=None, neighbors=None):
+def raw_q_rule(p, log_q, children, uniforms, valid=None, rule=None, neighbors=None):
     """Deliberately wrong for sampled siblings: every sibling is tested against the unconditioned q
     (ignores that siblings were drawn without replacement)."""
+    q = log_q.exp()
     B, m = children.shape
     residual, accepted = p.clone(), torch.full((B,), -1, dtype=torch.long)
     rows = torch.arange(B)
