@@ -7,6 +7,7 @@ import lantern_core.acceptance as acceptance
 from lantern_core.acceptance import SiblingVerdict, accept_siblings
 from lantern_core.drafting import sample_without_replacement
 from lantern_core.sampling import sample_from_probs
+from tests.wrong_rules import conditional_draft_floored
 
 CHI2_CRIT_DF5_P001 = 20.515  # V = 6 -> 5 degrees of freedom, alpha = 0.001
 N = 40_000
@@ -18,14 +19,19 @@ def chi_square(counts, probs):
     return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
 
 
+def emitted(P, log_q, children, g, rule=accept_siblings):
+    """Run `rule` on sampled siblings and draw the bonus from its residual: (N,) emitted tokens."""
+    verdict = rule(P, log_q, children, torch.rand(children.shape, generator=g, dtype=P.dtype))
+    fallback = sample_from_probs(verdict.residual, torch.rand(P.shape[0], generator=g, dtype=P.dtype))
+    chosen = children.gather(1, verdict.accepted.clamp(min=0)[:, None])[:, 0]
+    return torch.where(verdict.accepted >= 0, chosen, fallback), verdict
+
+
 def outcome_counts(p, q, m, seed, rule=accept_siblings):
     g = torch.Generator().manual_seed(seed)
     P, Q = p.expand(N, -1).contiguous(), q.expand(N, -1).contiguous()
     children = torch.multinomial(Q, m, replacement=False, generator=g)  # draw order = sibling rank
-    verdict = rule(P, Q.log(), children, torch.rand(N, m, generator=g, dtype=p.dtype))
-    fallback = sample_from_probs(verdict.residual, torch.rand(N, generator=g, dtype=p.dtype))
-    chosen = children.gather(1, verdict.accepted.clamp(min=0)[:, None])[:, 0]
-    tokens = torch.where(verdict.accepted >= 0, chosen, fallback)
+    tokens, verdict = emitted(P, Q.log(), children, g, rule)
     return torch.bincount(tokens, minlength=p.shape[0]).to(p.dtype), verdict
 
 
@@ -80,10 +86,7 @@ def nearly_certain_drafter_counts(seed, m=3):
     P, LQ = p.expand(N, -1).contiguous(), log_q.expand(N, -1).contiguous()
     children = sample_without_replacement(LQ, m, g)
     assert (children[:, 0] == 0).all() and (children[:, 1] == 1).float().mean() > 0.8  # q's own conditional
-    verdict = accept_siblings(P, LQ, children, torch.rand(N, m, generator=g))
-    fallback = sample_from_probs(verdict.residual, torch.rand(N, generator=g))
-    chosen = children.gather(1, verdict.accepted.clamp(min=0)[:, None])[:, 0]
-    tokens = torch.where(verdict.accepted >= 0, chosen, fallback)
+    tokens, _ = emitted(P, LQ, children, g)
     return torch.bincount(tokens, minlength=6).double(), p.double()
 
 
@@ -95,10 +98,6 @@ def test_a_nearly_certain_drafter_is_judged_against_its_true_conditional():
 
 def test_renormalising_what_is_left_of_q_in_probability_space_is_caught(monkeypatch):
     """The pre-fix rule (leftover q divided by its sum floored at float32's tiny) fails the same test."""
-    def floored(log_q_left):
-        q = log_q_left.exp()
-        return q / q.sum(-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)
-
-    monkeypatch.setattr(acceptance, "conditional_draft", floored)
+    monkeypatch.setattr(acceptance, "conditional_draft", conditional_draft_floored)
     counts, p = nearly_certain_drafter_counts(seed=21)
     assert chi_square(counts, p) > CHI2_CRIT_DF5_P001

@@ -33,6 +33,7 @@ from lantern_core.sampling import make_generators
 from lantern_core.speculative import SpeculativeConfig, speculative_generate
 from lantern_core.tree import NAIVE_EXTEND_57, TreeSpec, chain_tree
 from tests.whole_image_law import ImageLaw, image_law, pooled_pvalue
+from tests.wrong_rules import conditional_draft_floored, residual_forgotten
 
 LABEL = 2
 PASS, FAIL = 1e-3, 1e-6  # an exact mode must not look wrong at 1e-3; a wrong rule must look wrong at 1e-6
@@ -164,22 +165,9 @@ def test_exact_mode_samples_the_ar_law_over_whole_images(name):
 # ------------------------------------------------------------------------------------ wrong-rule controls
 
 
-def conditional_draft_in_probability_space(log_q_left: torch.Tensor) -> torch.Tensor:
-    """Issue 14's bug, deliberately restored: renormalise the drafter mass left after rejected siblings in
-    probability space with the divisor floored at float32's smallest normal number."""
-    q = log_q_left.exp()
-    return q / q.sum(-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)
-
-
 def test_the_pre_fix_renormalisation_is_rejected(monkeypatch):
-    monkeypatch.setattr(acceptance, "conditional_draft", conditional_draft_in_probability_space)
+    monkeypatch.setattr(acceptance, "conditional_draft", conditional_draft_floored)
     assert pvalue(replace(CASES["static_naive57_cfg_weightsB"], images=1500)) < FAIL
-
-
-def residual_forgotten(p, log_q, children, uniforms, valid=None, rule=None, neighbors=None):
-    """After every sibling is rejected, draw the bonus from p instead of the residual."""
-    verdict = acceptance.accept_siblings(p, log_q, children, uniforms, valid, rule, neighbors)
-    return acceptance.SiblingVerdict(verdict.accepted, p.clone(), verdict.absorbed)
 
 
 def test_a_forgotten_residual_is_rejected(monkeypatch):

@@ -9,7 +9,7 @@ import torch
 from scipy.stats import chi2
 
 import lantern_core.tree_walk as tree_walk
-from lantern_core.acceptance import SiblingVerdict, accept_siblings
+from lantern_core.acceptance import SiblingVerdict
 from lantern_core.conditioning import Condition, build_prefix
 from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.drafting import DrafterSession, DynamicShape, draft_dynamic, draft_static, per_row, plan_static_tree
@@ -19,6 +19,7 @@ from lantern_core.sampling import sample_from_probs
 from lantern_core.speculative import NodeDistributions, SpeculativeConfig, verify_tree
 from lantern_core.tree import NAIVE_EXTEND_57
 from tests.tiny_models import random_drafter, random_gpt
+from tests.wrong_rules import residual_forgotten
 
 SMALL = GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=8, model_type="c2i", num_classes=3, cls_token_num=1,
                   grid_size=4)
@@ -142,12 +143,6 @@ def test_exact_modes_sample_the_target_law(models, mode):
         first, second, reached = law_pvalues(samples, *ar_law(model, sampling))
     assert reached > 0.3, "too few drafts accepted for the test to exercise acceptance"
     assert first > 1e-3 and second > 1e-3, (first, second)
-
-
-def residual_forgotten(p, log_q, children, uniforms, valid=None, rule=None, neighbors=None):
-    """Deliberately wrong: after rejecting every sibling, sample the bonus from p, not the residual."""
-    verdict = accept_siblings(p, log_q, children, uniforms, valid, rule, neighbors)
-    return SiblingVerdict(verdict.accepted, p.clone(), verdict.absorbed)
 
 
 @pytest.mark.parametrize("mode", sorted(CASES))
