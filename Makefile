@@ -7,7 +7,7 @@ HOST_STAMP := .host/.installed
 COMFY := .host/ComfyUI
 DEMO_OUT ?= outputs/demo
 
-.PHONY: demo test soak serve bench bench-cuda train-default train-default-drafter host browser cli-demo clean
+.PHONY: demo test test-cuda soak serve bench bench-cuda train-default train-default-drafter host browser cli-demo clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,25 +58,36 @@ serve: $(HOST_STAMP)
 ## (AR overhead and cost curve; then AR vs EAGLE-2 / static tree / LANTERN / LANTERN++ / SJD / coupled and relaxed
 ## Jacobi, 128 images per row, interleaved; then the Anole / Lumina-mGPT / Janus-Pro shapes, tiny and random).
 bench: $(STAMP)
-	$(PY) -m lantern_core.bench --out bench/results
-	$(PY) -m lantern_core.bench_speculative --out bench/results
-	$(PY) -m lantern_core.bench_families --out bench/results
+	$(PY) -m lantern_core.benchmarks.ar --out bench/results
+	$(PY) -m lantern_core.benchmarks.speculative --out bench/results
+	$(PY) -m lantern_core.benchmarks.families --out bench/results
 
-## The GPU variant -> bench/results/{ar,speculative,families}_cuda_bfloat16.{json,md}; the families part builds
-## Anole-7B, Lumina-mGPT-7B, Janus-Pro-1B and 7B shapes with random bf16 weights (one at a time, ~15 GB each).
-bench-cuda: $(STAMP)
-	$(PY) -m lantern_core.bench --device cuda --dtype bfloat16 --out bench/results
-	$(PY) -m lantern_core.bench_speculative --device cuda --dtype bfloat16 --out bench/results
-	$(PY) -m lantern_core.bench_families --device cuda --dtype bfloat16 --images 1 --out bench/results
+## The GPU variant (one H200: under 8 minutes) -> bench/results/{ar,iteration_cost,speculative,families}_cuda_bfloat16.*:
+## AR with and without captured CUDA graphs (embedded, GPT-B, GPT-XL, a 7B shape), one iteration of every decoding
+## mode on GPT-XL shapes next to one AR step, end-to-end speed-ups on the embedded model, then the prompted
+## families' 7B shapes. Every part writes its report even when another part fails; the target fails if any did.
+## GPU machines may bring their own PyTorch: `make bench-cuda PY=python3` skips the venv.
+bench-cuda: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
+	@status=0; \
+	$(PY) -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --out bench/results || status=1; \
+	$(PY) -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL --out bench/results || status=1; \
+	$(PY) -m lantern_core.benchmarks.speculative --device cuda --dtype bfloat16 --images 8 --out bench/results || status=1; \
+	$(PY) -m lantern_core.benchmarks.families --device cuda --dtype bfloat16 --images 1 --out bench/results || status=1; \
+	exit $$status
+
+## The tests that need an NVIDIA GPU (captured CUDA graphs give the eager tokens, capture reuse and release);
+## `make test` skips them on a machine without one. `make test-cuda PY=python3` on a machine with its own PyTorch.
+test-cuda: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
+	$(PY) -m pytest -q -m cuda -rs tests/core
 
 ## Re-train the embedded default model (~20 min on 2 CPU cores; deterministic).
 train-default: $(STAMP)
-	$(PY) -m lantern_core.train_embedded --out lantern_core/assets/default --seed 0
+	$(PY) -m lantern_core.training.train_embedded --out lantern_core/assets/default --seed 0
 	$(MAKE) train-default-drafter
 
 ## Re-train the embedded model's drafter (~15 min on 2 CPU cores; deterministic).
 train-default-drafter: $(STAMP)
-	$(PY) -m lantern_core.train_drafter --target embedded --out lantern_core/assets/default/drafter \
+	$(PY) -m lantern_core.training.train_drafter --target embedded --out lantern_core/assets/default/drafter \
 	    --self-distill 96 --crops-per-class 64 --epochs 20 --batch 8 --lr 1e-3 --evaluate
 
 clean:

@@ -7,13 +7,13 @@ a device and never seeds global RNGs: callers pass devices, dtypes and `torch.Ge
 """
 from .conditioning import Condition
 from .config import GPT_PRESETS, VQ_PRESETS, GPTConfig, SamplingConfig, VQConfig, gpt_preset
-from .checkpoints import LoadedGPT, LoadedVQ, load_gpt, load_vq
-from .embedded import EMBEDDED_DIR, Pipeline, load_embedded
+from .loading.checkpoints import LoadedGPT, LoadedVQ, load_gpt, load_vq
+from .loading.embedded import EMBEDDED_DIR, Pipeline, load_embedded
 from .errors import CheckpointError, ConfigError, LanternError
-from .generate import GenerationResult, GenerationStats, generate
+from .decoding.generate import GenerationResult, GenerationStats, generate
 from .models.gpt import LlamaGenGPT
 from .models.vq import VQModel
-from .sampling import make_generators
+from .decoding.sampling import make_generators
 
 __all__ = [
     "Condition", "GPT_PRESETS", "VQ_PRESETS", "GPTConfig", "SamplingConfig", "VQConfig", "gpt_preset",

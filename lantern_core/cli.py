@@ -16,11 +16,12 @@ import torch
 
 from .conditioning import Condition
 from .config import SamplingConfig
-from .embedded import EMBEDDED_GPT, EMBEDDED_VQ, Pipeline
+from .loading.embedded import EMBEDDED_GPT, EMBEDDED_VQ, Pipeline
 from .errors import LanternError
-from .generate import generate
+from .decoding.generate import generate
 from .images import save_png, to_unit_range
-from .sampling import make_generators
+from .decoding.sampling import make_generators
+from .decoding.step_graphs import COMPILE_CHOICES
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -50,11 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--decoding", default="ar", choices=["ar", "sjd", "sjd_coupled"],
                    help="ar, or training-free speculative Jacobi decoding (exact: same distribution as ar)")
     g.add_argument("--window", default="auto", help="sjd: drafted tokens per forward, or auto (this machine's best)")
+    g.add_argument("--compile", default="auto", choices=list(COMPILE_CHOICES),
+                   help="ar: auto replays each decoding step from a captured CUDA graph on a GPU (eager on CPU/MPS; "
+                        "the same tokens); off: always eager")
     return parser
 
 
 def run_generate(args: argparse.Namespace) -> dict:
-    from .checkpoints import load_gpt, load_vq
+    from .loading.checkpoints import load_gpt, load_vq
 
     dtype = DTYPES[args.dtype]
     device = torch.device(args.device)
@@ -84,9 +88,9 @@ def run_generate(args: argparse.Namespace) -> dict:
                               top_k=args.top_k, top_p=args.top_p)
     generators = make_generators(args.seed, condition.batch, device)
     if args.decoding == "ar":
-        result = generate(gpt.model, condition, sampling, generators)
+        result = generate(gpt.model, condition, sampling, generators, compile=args.compile)
     else:
-        from .jacobi import JacobiConfig, jacobi_generate
+        from .decoding.jacobi import JacobiConfig, jacobi_generate
 
         window = int(args.window) if args.window.isdigit() else args.window  # a bad value is a ConfigError
         config = JacobiConfig(window, coupled=args.decoding == "sjd_coupled", init="sample_left")

@@ -29,9 +29,10 @@ def constrain(config: GPTConfig, logits: torch.Tensor, index: torch.Tensor | int
     index = torch.as_tensor(index, device=logits.device)
     forced = row_end_positions(config, index).expand(logits.shape[:-1])[..., None]  # (..., T, 1)
     code = logits.shape[-1] - 1
-    is_code = torch.arange(logits.shape[-1], device=logits.device) == code
-    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
-    only_row_end = torch.where(is_code, torch.zeros((), dtype=logits.dtype, device=logits.device), minus_inf)
+    is_code = torch.arange(logits.shape[-1], device=logits.device) == code  # (V,)
+    # built by kernels only (no host-to-device copy), so the step functions stay capturable
+    only_row_end = torch.zeros(logits.shape[-1], dtype=logits.dtype, device=logits.device).masked_fill(
+        ~is_code, float("-inf"))
     return torch.where(forced, only_row_end, logits.masked_fill(is_code, float("-inf")))
 
 

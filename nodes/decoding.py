@@ -3,16 +3,17 @@ parameters -> LANTERN_DECODING."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from comfy_api.latest import io
 
-from ..lantern_core.drafting import DynamicShape
+from ..lantern_core.decoding.drafting import DynamicShape
 from ..lantern_core.errors import ConfigError, LanternError
-from ..lantern_core.jacobi import INITS, JacobiConfig
-from ..lantern_core.relaxation import Grouping, Relaxation
-from ..lantern_core.speculative import SpeculativeConfig
-from ..lantern_core.tree import STATIC_TREES, TreeSpec, chain_tree
+from ..lantern_core.decoding.jacobi import INITS, JacobiConfig
+from ..lantern_core.decoding.relaxation import Grouping, Relaxation
+from ..lantern_core.decoding.speculative import SpeculativeConfig
+from ..lantern_core.decoding.step_graphs import COMPILE_CHOICES
+from ..lantern_core.decoding.tree import STATIC_TREES, TreeSpec, chain_tree
 from .types import LanternDecoding, LanternDecodingType, LanternDrafter, LanternDrafterType, check_choice, expect_link
 
 MODES = {
@@ -202,6 +203,12 @@ class LanternDecodingConfig(io.ComfyNode):
                 io.Float.Input("gsd_gap", default=0.15, min=0.0, max=1.0, step=0.01, round=0.001,
                                tooltip="sjd_relaxed with gsd: a neighbour joins the group when its probability "
                                        "differs from the draft's by less than this (GSD: 0.15)."),
+                io.Combo.Input("compile", options=list(COMPILE_CHOICES), default="auto",
+                               tooltip="auto: on an NVIDIA GPU each decoding step is captured once as a CUDA "
+                                       "graph (per model, batch and shape; a few ms) and replayed, which removes "
+                                       "the per-step launch overhead; the same tokens as off. CPUs and Apple GPUs "
+                                       "run eagerly either way. off: always eager (for debugging). Plain ar "
+                                       "uses it today; the speculative modes run eagerly."),
             ],
             outputs=[LanternDecodingType.Output(display_name="decoding", tooltip="Feed into Lantern: Sampler.")],
         )
@@ -210,8 +217,9 @@ class LanternDecodingConfig(io.ComfyNode):
     def execute(cls, mode: str, tree: str, chain_length: int, custom_tree: str, lantern_k: int, delta: float,
                 lam: float, eagle_depth: int, eagle_top_k: int, eagle_nodes: int, jacobi_window: int = 0,
                 jacobi_init: str = "sample_left", sjd_relaxation: str = "lantern_pp", gsd_gap: float = 0.15,
-                drafter=None) -> io.NodeOutput:
+                compile: str = "auto", drafter=None) -> io.NodeOutput:
         eagle = DynamicShape(eagle_depth, eagle_top_k, eagle_nodes)
         jacobi = JacobiWidgets(jacobi_window, jacobi_init, sjd_relaxation, gsd_gap)
-        return io.NodeOutput(build_decoding(mode, drafter, tree, chain_length, custom_tree, lantern_k, delta, lam,
-                                            eagle, jacobi))
+        check_choice("compile", compile, COMPILE_CHOICES)
+        decoding = build_decoding(mode, drafter, tree, chain_length, custom_tree, lantern_k, delta, lam, eagle, jacobi)
+        return io.NodeOutput(replace(decoding, compile=compile))

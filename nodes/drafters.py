@@ -24,7 +24,7 @@ class LanternDrafterLoader(io.ComfyNode):
                 LanternModelType.Input("model", tooltip="The target model the drafter must fit."),
                 io.Combo.Input("drafter", options=paths.list_drafters(), default=paths.EMBEDDED,
                                tooltip="Drafter folder or file in models/lantern/drafters. Train your own with "
-                                       "python -m lantern_core.train_drafter."),
+                                       "python -m lantern_core.training.train_drafter."),
             ],
             outputs=[LanternDrafterType.Output(display_name="drafter", tooltip="Feed into Lantern: Decoding Config.")],
         )

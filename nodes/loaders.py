@@ -23,7 +23,7 @@ def resolve_family_vq(folder: Path, family: str, vq_tokenizer: str) -> Path | No
     """Prompted families: None = the VQ inside the folder (Janus-Pro's checkpoint, Chameleon's vqgan file),
     or a Chameleon VQGAN chosen from models/lantern/vq."""
     from ..lantern_core.errors import LanternError
-    from ..lantern_core.families import VQGAN_NAMES, find_file
+    from ..lantern_core.loading.families import VQGAN_NAMES, find_file
 
     if vq_tokenizer != "auto":
         if family == "janus":

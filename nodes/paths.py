@@ -8,7 +8,7 @@ from pathlib import Path
 
 import folder_paths
 
-from ..lantern_core.embedded import EMBEDDED_DRAFTER, EMBEDDED_GPT, EMBEDDED_NAME, EMBEDDED_VQ
+from ..lantern_core.loading.embedded import EMBEDDED_DRAFTER, EMBEDDED_GPT, EMBEDDED_NAME, EMBEDDED_VQ
 from ..lantern_core.errors import ConfigError, LanternError
 from .types import shown
 
@@ -66,7 +66,7 @@ def _weight_files(name: str) -> list[str]:
 
 def family_folder(path: Path) -> str | None:
     """The prompted family ("chameleon", "janus") of a model folder, or None for anything else."""
-    from ..lantern_core.families import family_of
+    from ..lantern_core.loading.families import family_of
 
     return family_of(path)
 

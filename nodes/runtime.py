@@ -18,8 +18,10 @@ import torch
 import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.utils
+from comfy.patcher_extension import CallbacksMP
 
-from ..lantern_core.checkpoints import load_gpt, load_vq
+from ..lantern_core.decoding import step_graphs
+from ..lantern_core.loading.checkpoints import load_gpt, load_vq
 
 from .types import LanternDrafter, LanternModel, check_choice, target_key
 
@@ -51,11 +53,20 @@ class Holder(torch.nn.Module):
         self.inner = inner
 
 
+def _release_graphs(patcher: comfy.model_patcher.ModelPatcher, *_) -> None:
+    """ComfyUI moved the weights off the device (unload, "Free model and node cache"): drop the model's
+    captured CUDA graphs and their static buffers; the next run captures again."""
+    if step_graphs.release(patcher.model):
+        log.info("released the captured decoding steps of %s", type(patcher.model).__name__)
+
+
 def _patcher(module: torch.nn.Module) -> comfy.model_patcher.ModelPatcher:
     size = sum(p.numel() * p.element_size() for p in module.parameters())
     size += sum(b.numel() * b.element_size() for b in module.buffers())
-    return comfy.model_patcher.ModelPatcher(module, load_device=mm.get_torch_device(),
-                                            offload_device=mm.unet_offload_device(), size=size)
+    patcher = comfy.model_patcher.ModelPatcher(module, load_device=mm.get_torch_device(),
+                                               offload_device=mm.unet_offload_device(), size=size)
+    patcher.add_callback(CallbacksMP.ON_DETACH, _release_graphs)
+    return patcher
 
 
 def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, dtype: torch.dtype,
@@ -89,7 +100,7 @@ def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, dt
 def load_family_model(folder: Path, vq_path: Path | None, dtype: torch.dtype, name: str) -> LanternModel:
     """Load (or reuse) a prompted-family folder (Anole / Chameleon, Janus-Pro): model, its tokenizer and
     template, and its image tokenizer (from the folder, or a Chameleon VQGAN file from models/lantern/vq)."""
-    from ..lantern_core.families import load_prompted
+    from ..lantern_core.loading.families import load_prompted
 
     key = ("family", str(folder), str(vq_path), str(dtype))
     with _REGISTRY_LOCK:
@@ -116,7 +127,7 @@ def load_family_model(folder: Path, vq_path: Path | None, dtype: torch.dtype, na
 
 def load_drafter(path: Path, model: LanternModel, name: str) -> LanternDrafter:
     """Load (or reuse) a drafter for `model`, in the target's dtype; refuses one that does not fit it."""
-    from ..lantern_core.drafter_io import load_drafter as load
+    from ..lantern_core.loading.drafter_io import load_drafter as load
 
     key = ("drafter", str(path), model.name, str(model.config), str(model.dtype))
     with _REGISTRY_LOCK:

@@ -7,14 +7,14 @@ from comfy_api.latest import io
 
 from ..lantern_core.conditioning import Condition
 from ..lantern_core.config import SamplingConfig
-from ..lantern_core.generate import GenerationResult, estimate_run_bytes, generate
+from ..lantern_core.decoding.generate import GenerationResult, estimate_run_bytes, generate
 from ..lantern_core.images import to_unit_range
 from ..lantern_core.layout import image_codes
 from ..lantern_core.errors import ConfigError, LanternError
-from ..lantern_core.jacobi import JacobiConfig, jacobi_generate
-from ..lantern_core.neighbors import load_or_build_neighbors
-from ..lantern_core.sampling import make_generators
-from ..lantern_core.speculative import SpeculativeStats, speculative_generate
+from ..lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
+from ..lantern_core.decoding.neighbors import load_or_build_neighbors
+from ..lantern_core.decoding.sampling import make_generators
+from ..lantern_core.decoding.speculative import SpeculativeStats, speculative_generate
 
 from . import paths, runtime
 from .types import (LanternCond, LanternCondType, LanternDecoding, LanternDecodingType, LanternModel,
@@ -163,7 +163,7 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
             result = speculative_generate(model.gpt.model, decoding.drafter.drafter.model, condition, sampling,
                                           decoding.spec, generators, neighbors, on_step)
         else:
-            result = generate(model.gpt.model, condition, sampling, generators, on_step)
+            result = generate(model.gpt.model, condition, sampling, generators, on_step, compile=decoding.compile)
     payload = stats_payload(result, decoding, descriptions)
     return LanternTokens(result.tokens.cpu(), model, payload), payload
 

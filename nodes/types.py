@@ -117,6 +117,7 @@ class LanternDecoding:
     drafter: LanternDrafter | None = None
     spec: object | None = None  # lantern_core SpeculativeConfig (drafter modes) or JacobiConfig (sjd modes)
     tree_label: str = ""  # what the UI shows, e.g. "naive_extend_57" or "eagle2 d5 k10 n58"
+    compile: str = "auto"  # "auto": replay captured CUDA graphs on a GPU (eager elsewhere); "off": always eager
 
 
 @dataclass

@@ -29,3 +29,22 @@ def t2i_model() -> LlamaGenGPT:
 @pytest.fixture
 def tiny_vq() -> VQModel:
     return random_vq()
+
+
+def pytest_collection_modifyitems(config, items):
+    """`cuda` tests need an NVIDIA GPU: on a machine without one they are skipped, and the summary says so."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run `make test-cuda` on one)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "NVIDIA GPU" in str(r.longrepr)]
+    if skipped:
+        terminalreporter.write_line(f"{len(skipped)} CUDA tests skipped: this machine has no NVIDIA GPU; "
+                                    "run `make test-cuda` on one")

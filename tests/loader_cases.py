@@ -9,9 +9,9 @@ from typing import Callable
 import torch
 from safetensors.torch import save_file
 
-from lantern_core.checkpoints import load_gpt, load_vq
-from lantern_core.drafter_io import load_drafter, save_drafter
-from lantern_core.families import load_chameleon_vqgan, load_prompted
+from lantern_core.loading.checkpoints import load_gpt, load_vq
+from lantern_core.loading.drafter_io import load_drafter, save_drafter
+from lantern_core.loading.families import load_chameleon_vqgan, load_prompted
 from tests.tiny_families import save_chameleon_folder, save_chameleon_vqgan, save_janus_folder
 from tests.tiny_models import TINY_C2I, random_drafter, random_gpt, random_vq
 
@@ -49,7 +49,7 @@ def _released_drafter(root: Path) -> Path:
     """LANTERN's released LlamaGen drafter layout (HF config.json + pytorch_model.bin, no metadata of ours)."""
     import json
 
-    from lantern_core.drafter_io import internal_to_released
+    from lantern_core.loading.drafter_io import internal_to_released
 
     drafter = random_drafter(random_gpt(TINY_C2I))
     c = drafter.config

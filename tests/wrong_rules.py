@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from lantern_core import acceptance
+from lantern_core.decoding import acceptance
 
 
 def residual_forgotten(p, log_q, children, uniforms, valid=None, rule=None, neighbors=None):

@@ -3,7 +3,7 @@ serves LlamaGen's VQ-16 / VQ-8, Janus-Pro's VQ-16 and Chameleon's VQGAN (config 
 
 Module and parameter names match `vq_ds16_c2i.pt` / `vq_ds16_t2i.pt` so official weights load with
 strict key checks; the taming / Janus / transformers layouts are mapped onto them by `vq_io.py`. Images are (B, 3, H, W) in [-1, 1]; indices are (B, h*w) in raster order.
-Losses and discriminators for training are not here (see `lantern_core.train_embedded`).
+Losses and discriminators for training are not here (see `lantern_core.training.train_embedded`).
 """
 from __future__ import annotations
 

@@ -3,10 +3,10 @@ draws for several p/q pairs and sibling counts), and the same test rejects delib
 import pytest
 import torch
 
-import lantern_core.acceptance as acceptance
-from lantern_core.acceptance import SiblingVerdict, accept_siblings
-from lantern_core.drafting import sample_without_replacement
-from lantern_core.sampling import sample_from_probs
+import lantern_core.decoding.acceptance as acceptance
+from lantern_core.decoding.acceptance import SiblingVerdict, accept_siblings
+from lantern_core.decoding.drafting import sample_without_replacement
+from lantern_core.decoding.sampling import sample_from_probs
 from tests.wrong_rules import conditional_draft_floored
 
 CHI2_CRIT_DF5_P001 = 20.515  # V = 6 -> 5 degrees of freedom, alpha = 0.001

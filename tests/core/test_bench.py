@@ -2,7 +2,7 @@
 report, on a tiny model in bf16 (the dtype the CUDA variant uses)."""
 import torch
 
-from lantern_core import bench
+from lantern_core.benchmarks import ar as bench
 from tiny_models import TINY_C2I
 
 
@@ -21,3 +21,19 @@ def test_bench_rows_and_report_on_a_tiny_bf16_model():
     text = bench.markdown(report)
     assert "| tiny | 2 | 4 | 16 |" in text and "Worst overhead" in text
     assert set(bench.PROFILES) == {"cpu", "cuda"}
+
+
+def test_iteration_cost_times_every_mode_next_to_an_ar_step():
+    from lantern_core.benchmarks.iteration_cost import markdown, modes, run
+    from lantern_core.config import GPTConfig
+
+    config = GPTConfig(dim=64, n_layer=2, n_head=4, vocab_size=48, model_type="c2i", num_classes=5,
+                       cls_token_num=1, grid_size=6)
+    report = run(config, "tiny", torch.device("cpu"), torch.float32, k=4, iterations=8)
+    rows = report["rows"]
+    assert [r["mode"] for r in rows] == ["ar (one step)"] + [name for name, _ in modes(4)]
+    assert all(not r["error"] and r["iterations"] == 8 and r["ms_per_iteration"] > 0 for r in rows), rows
+    assert rows[0]["vs_ar_step"] == 1.0
+    report.update(bench.machine_info(torch.device("cpu")), dtype="float32")
+    text = markdown(report)
+    assert all(r["mode"] in text for r in rows) and "failed" not in text

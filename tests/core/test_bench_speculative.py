@@ -4,7 +4,7 @@ renders; plus the quality helpers on hand-made inputs."""
 import numpy as np
 import torch
 
-from lantern_core import bench_speculative as bs
+from lantern_core.benchmarks import speculative as bs
 from lantern_core.config import SamplingConfig
 
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from tiny_models import TINY_T2I, TINY_VQ, random_gpt, random_vq
-from lantern_core.checkpoints import load_gpt, load_vq
+from lantern_core.loading.checkpoints import load_gpt, load_vq
 from lantern_core.config import GPTConfig, VQ_PRESETS, gpt_preset
 from lantern_core.errors import CheckpointError
 from lantern_core.models.gpt import ForwardStep, LlamaGenGPT
@@ -147,7 +147,7 @@ def test_official_keys_in_safetensors_without_metadata(tmp_path):
 
 
 def test_our_safetensors_carry_config_and_class_names(tmp_path):
-    from lantern_core.checkpoint_io import write_safetensors
+    from lantern_core.loading.checkpoint_io import write_safetensors
 
     src = random_gpt(TINY_T2I)
     path = tmp_path / "tiny.safetensors"
@@ -219,7 +219,7 @@ def test_hf_llama_folder_round_trip(tmp_path, sharded):
 
 @pytest.mark.parametrize("layout", ["pt-model", "pt-ema", "safetensors-bare", "safetensors-ours"])
 def test_vq_round_trip(tmp_path, layout):
-    from lantern_core.checkpoint_io import write_safetensors
+    from lantern_core.loading.checkpoint_io import write_safetensors
 
     src = random_vq()
     sd = src.state_dict()

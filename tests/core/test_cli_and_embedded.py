@@ -9,13 +9,13 @@ import pytest
 import torch
 from PIL import Image
 
-from lantern_core.checkpoint_io import read_checkpoint
+from lantern_core.loading.checkpoint_io import read_checkpoint
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
-from lantern_core.embedded import EMBEDDED_DIR, load_embedded
+from lantern_core.loading.embedded import EMBEDDED_DIR, load_embedded
 from lantern_core.errors import ConfigError
-from lantern_core.generate import generate
-from lantern_core.sampling import make_generators
+from lantern_core.decoding.generate import generate
+from lantern_core.decoding.sampling import make_generators
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def test_embedded_files_are_small_safetensors_with_a_card():
     weights = sum(size for name, size in files.items() if name.endswith(".safetensors"))
     assert weights <= 25 * 2**20
     card = (EMBEDDED_DIR / "MODEL_CARD.md").read_text()
-    for fragment in ("skimage.data", "python -m lantern_core.train_embedded", "seed", "accuracy"):
+    for fragment in ("skimage.data", "python -m lantern_core.training.train_embedded", "seed", "accuracy"):
         assert fragment in card
 
 
@@ -49,7 +49,7 @@ def test_embedded_model_shape(pipe):
 def test_embedded_samples_are_recognised_as_their_class(pipe):
     """Generated images must look like their source photo: the shipped classifier (trained on real
     crops only) recognises them far above chance (1/8)."""
-    from lantern_core.embedded import load_classifier
+    from lantern_core.loading.embedded import load_classifier
 
     clf = load_classifier()
     labels = torch.arange(8).repeat_interleave(3)
@@ -113,7 +113,7 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path):
 
 def test_training_script_smoke_run_is_deterministic(tmp_path):
     """The script that made the embedded model runs end to end (at 1% of its steps) and is repeatable."""
-    from lantern_core.train_embedded import main
+    from lantern_core.training.train_embedded import main
 
     a = main(["--out", str(tmp_path / "a"), "--scale", "0.005", "--seed", "1"])
     b = main(["--out", str(tmp_path / "b"), "--scale", "0.005", "--seed", "1"])

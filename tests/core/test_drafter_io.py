@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lantern_core.config import DrafterConfig
-from lantern_core.drafter_io import internal_to_released, load_drafter, save_drafter
+from lantern_core.loading.drafter_io import internal_to_released, load_drafter, save_drafter
 from lantern_core.errors import CheckpointError
 from lantern_core.models.gpt import ForwardStep
 from tests.tiny_models import TINY_C2I, TINY_T2I, random_drafter, random_gpt
@@ -103,7 +103,7 @@ def test_missing_and_misshaped_tensors_are_refused(tmp_path):
 
 
 def test_a_gpt_file_is_not_a_drafter(tmp_path):
-    from lantern_core.checkpoint_io import write_safetensors
+    from lantern_core.loading.checkpoint_io import write_safetensors
 
     path = tmp_path / "gpt.safetensors"
     write_safetensors(path, random_gpt(TINY_C2I).state_dict(), {"kind": "gpt"})

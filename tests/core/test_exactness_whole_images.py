@@ -18,20 +18,20 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-import lantern_core.acceptance as acceptance
-import lantern_core.tree_walk as tree_walk
+import lantern_core.decoding.acceptance as acceptance
+import lantern_core.decoding.tree_walk as tree_walk
 from lantern_core.conditioning import Condition
 from lantern_core.config import DrafterConfig, GPTConfig, SamplingConfig
-from lantern_core.drafting import DynamicShape
-from lantern_core.generate import generate
-from lantern_core.jacobi import JacobiConfig, jacobi_generate
+from lantern_core.decoding.drafting import DynamicShape
+from lantern_core.decoding.generate import generate
+from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
 from lantern_core.models.drafter import EagleDrafter
 from lantern_core.models.gpt import LlamaGenGPT
-from lantern_core.neighbors import build_neighbors
-from lantern_core.relaxation import Relaxation
-from lantern_core.sampling import make_generators
-from lantern_core.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.tree import NAIVE_EXTEND_57, TreeSpec, chain_tree
+from lantern_core.decoding.neighbors import build_neighbors
+from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.sampling import make_generators
+from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
+from lantern_core.decoding.tree import NAIVE_EXTEND_57, TreeSpec, chain_tree
 from tests.whole_image_law import ImageLaw, image_law, pooled_pvalue
 from tests.wrong_rules import conditional_draft_floored, residual_forgotten
 

@@ -8,9 +8,9 @@ import torch
 
 from lantern_core.config import SamplingConfig
 from lantern_core.errors import CheckpointError
-from lantern_core.families import detect_family, load_prompted
-from lantern_core.generate import generate
-from lantern_core.jacobi import JacobiConfig, jacobi_generate
+from lantern_core.loading.families import detect_family, load_prompted
+from lantern_core.decoding.generate import generate
+from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
 from lantern_core.models.gpt import ForwardStep
 from lantern_core.prompts import chameleon_image_token_ids
 from tests.tiny_families import (IMAGE_CODES, chameleon_vocab, save_chameleon_folder, save_deepseek_janus_folder,
@@ -188,7 +188,7 @@ def test_chameleon_vqgan_loads_from_a_taming_checkpoint_and_encodes_like_transfo
     ChameleonVQVAE holding the same weights, and the decoder is the one written (decode round trip)."""
     from transformers import ChameleonVQVAE, ChameleonVQVAEConfig
 
-    from lantern_core.families import load_chameleon_vq
+    from lantern_core.loading.families import load_chameleon_vq
     from tests.tiny_families import save_chameleon_vqgan
 
     source, sd = save_chameleon_vqgan(tmp_path / "vqgan.ckpt")
@@ -208,9 +208,9 @@ def test_chameleon_vqgan_loads_from_a_taming_checkpoint_and_encodes_like_transfo
 
 
 def test_family_benchmark_writes_a_report(tmp_path):
-    """`python -m lantern_core.bench_families` on the CPU: every family (Anole, Lumina, Janus), every method
+    """`python -m lantern_core.benchmarks.families` on the CPU: every family (Anole, Lumina, Janus), every method
     (AR, Jacobi, drafter modes with a briefly trained drafter), cost curve, files."""
-    from lantern_core.bench_families import main
+    from lantern_core.benchmarks.families import main
 
     report = main(["--out", str(tmp_path), "--images", "1", "--train-steps", "2", "--grid", "6"])
     assert [r["model"] for r in report["rows"]] == ["chameleon tiny (random)", "lumina tiny (random)",

@@ -12,18 +12,18 @@ import pytest
 import torch
 
 from lantern_core.config import DrafterConfig, SamplingConfig
-from lantern_core.drafter_io import load_drafter, save_drafter
-from lantern_core.drafting import DynamicShape
+from lantern_core.loading.drafter_io import load_drafter, save_drafter
+from lantern_core.decoding.drafting import DynamicShape
 from lantern_core.errors import CheckpointError
-from lantern_core.families import load_prompted
-from lantern_core.generate import generate
+from lantern_core.loading.families import load_prompted
+from lantern_core.decoding.generate import generate
 from lantern_core.models.drafter import EagleDrafter
 from lantern_core.models.gpt import ForwardStep
-from lantern_core.neighbors import build_neighbors
-from lantern_core.relaxation import Relaxation
-from lantern_core.sampling import make_generators
-from lantern_core.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.tree import NAIVE_EXTEND_57, chain_tree
+from lantern_core.decoding.neighbors import build_neighbors
+from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.sampling import make_generators
+from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
+from lantern_core.decoding.tree import NAIVE_EXTEND_57, chain_tree
 from tests.tiny_families import (save_chameleon_folder, save_chameleon_vqgan, save_janus_folder,
                                  write_released_anole_drafter)
 
@@ -125,7 +125,7 @@ def test_greedy_speculative_modes_equal_greedy_ar_on_the_families(family, mode, 
                                  relaxation=Relaxation(k=5, lam=1.0))
         neighbors = build_neighbors(loaded.vq.quantize.embedding.weight, 5)
     if mode == "sjd_relaxed_lambda1":  # relaxed Jacobi (LANTERN++ rule on the window), exact at lambda 1
-        from lantern_core.jacobi import JacobiConfig, jacobi_generate
+        from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
 
         neighbors = build_neighbors(loaded.vq.quantize.embedding.weight, 5)
         window = JacobiConfig(window=4, relaxation=Relaxation(k=5, lam=1.0))
@@ -141,10 +141,10 @@ def test_greedy_speculative_modes_equal_greedy_ar_on_the_families(family, mode, 
 
 
 def test_training_command_trains_a_family_drafter_that_drafts_better(janus, tmp_path):
-    """`python -m lantern_core.train_drafter --target <Janus folder> --prompts F --self-distill N` trains on
+    """`python -m lantern_core.training.train_drafter --target <Janus folder> --prompts F --self-distill N` trains on
     self-distilled sequences; the loss falls and the trained drafter is accepted more often than the
     untrained one under the same seeds."""
-    from lantern_core.train_drafter import main
+    from lantern_core.training.train_drafter import main
 
     folder, loaded = janus
     prompts = tmp_path / "prompts.txt"
@@ -158,7 +158,7 @@ def test_training_command_trains_a_family_drafter_that_drafts_better(janus, tmp_
     target = loaded.model
     trained = load_drafter(out, target.config).model
     # the loss on a batch of the training data: trained vs a fresh drafter
-    from lantern_core.train_drafter import Recipe, drafter_loss, self_distilled_data
+    from lantern_core.training.train_drafter import Recipe, drafter_loss, self_distilled_data
 
     data = self_distilled_data(target, loaded.encoder.encode(PROMPTS), SamplingConfig(cfg_scale=3.0), seed=1)
     batch = data.batch(torch.arange(3), target, torch.zeros(3, dtype=torch.bool))

@@ -5,10 +5,10 @@ import torch
 from tiny_models import TINY_C2I, TINY_GQA, random_gpt
 from lantern_core.conditioning import Condition, build_prefix
 from lantern_core.config import SamplingConfig
-from lantern_core.generate import generate
+from lantern_core.decoding.generate import generate
 from lantern_core.models.gpt import ForwardStep
 from lantern_core.models.kv_cache import attention_mask
-from lantern_core.sampling import combine_cfg, make_generators, pick_tokens
+from lantern_core.decoding.sampling import combine_cfg, make_generators, pick_tokens
 
 
 def recompute_tokens(model, condition, sampling, generators):

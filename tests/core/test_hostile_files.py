@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lantern_core.checkpoints import load_gpt, load_vq
-from lantern_core.drafter_io import load_drafter
+from lantern_core.loading.checkpoints import load_gpt, load_vq
+from lantern_core.loading.drafter_io import load_drafter
 from lantern_core.errors import CheckpointError
-from lantern_core.families import load_chameleon_vqgan, load_prompted
+from lantern_core.loading.families import load_chameleon_vqgan, load_prompted
 
 
 class Payload:

@@ -10,14 +10,14 @@ import torch
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
 from lantern_core.errors import ConfigError
-from lantern_core.generate import generate
-from lantern_core.generate import prefill_state
-from lantern_core.jacobi import INITS, DraftWindow, JacobiConfig, forward_window, jacobi_generate
-from lantern_core.jacobi_window import choose_window, curve_sizes, expected_tokens
-from lantern_core.neighbors import build_neighbors
-from lantern_core.relaxation import Grouping, Relaxation
-from lantern_core.sampling import make_generators
-from lantern_core.tree_select import CostCurve
+from lantern_core.decoding.generate import generate
+from lantern_core.decoding.generate import prefill_state
+from lantern_core.decoding.jacobi import INITS, DraftWindow, JacobiConfig, forward_window, jacobi_generate
+from lantern_core.decoding.jacobi_window import choose_window, curve_sizes, expected_tokens
+from lantern_core.decoding.neighbors import build_neighbors
+from lantern_core.decoding.relaxation import Grouping, Relaxation
+from lantern_core.decoding.sampling import make_generators
+from lantern_core.decoding.tree_select import CostCurve
 from tests.tiny_models import TINY_C2I, TINY_T2I, random_gpt
 
 

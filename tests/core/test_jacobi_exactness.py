@@ -5,11 +5,11 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-import lantern_core.jacobi as jacobi
+import lantern_core.decoding.jacobi as jacobi
 from lantern_core.conditioning import Condition
 from lantern_core.config import GPTConfig, SamplingConfig
-from lantern_core.jacobi import JacobiConfig, jacobi_generate
-from lantern_core.speculative import NodeDistributions
+from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
+from lantern_core.decoding.speculative import NodeDistributions
 from tests.tiny_models import random_gpt
 
 SMALL = GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=8, model_type="c2i", num_classes=3, cls_token_num=1,

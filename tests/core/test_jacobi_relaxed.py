@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import lantern_core.jacobi as jacobi
-from lantern_core.jacobi import JacobiConfig, judge_window
-from lantern_core.relaxation import Grouping, Relaxation, RelaxedMass
+import lantern_core.decoding.jacobi as jacobi
+from lantern_core.decoding.jacobi import JacobiConfig, judge_window
+from lantern_core.decoding.relaxation import Grouping, Relaxation, RelaxedMass
 
 cases = st.tuples(st.integers(4, 10), st.integers(1, 5), st.integers(1, 9), st.integers(0, 2**31 - 1))
 

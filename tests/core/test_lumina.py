@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from lantern_core.config import SamplingConfig
-from lantern_core.families import is_lumina, load_prompted
-from lantern_core.generate import generate
-from lantern_core.jacobi import JacobiConfig, jacobi_generate
+from lantern_core.loading.families import is_lumina, load_prompted
+from lantern_core.decoding.generate import generate
+from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
 from lantern_core.layout import image_codes
 from lantern_core.models.drafter import EagleDrafter
 from lantern_core.config import DrafterConfig
-from lantern_core.sampling import make_generators
-from lantern_core.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.neighbors import build_neighbors
-from lantern_core.relaxation import Relaxation
-from lantern_core.tree import NAIVE_EXTEND_57
+from lantern_core.decoding.sampling import make_generators
+from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
+from lantern_core.decoding.neighbors import build_neighbors
+from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.tree import NAIVE_EXTEND_57
 from tests.tiny_families import IMAGE_CODES, chameleon_vocab, save_chameleon_folder, save_chameleon_vqgan
 
 GRID = 4  # 4 rows of 4 codes + an end-of-row token: 20 image tokens
@@ -134,7 +134,7 @@ def test_full_vocabularies_must_put_luminas_tokens_at_its_hard_coded_ids(tmp_pat
     """Lumina's generator uses raw ids (end-of-row 8803, sizes 8804 + px / 32); on a full 65,536-token
     vocabulary the names we look up must sit there, else the folder is refused with the ids named."""
     from lantern_core.errors import CheckpointError
-    from lantern_core.families import check_lumina_ids
+    from lantern_core.loading.families import check_lumina_ids
     from lantern_core.prompts import load_tokenizer
     from tests.tiny_families import write_tokenizer
 

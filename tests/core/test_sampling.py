@@ -5,7 +5,7 @@ import torch
 
 from lantern_core.config import SamplingConfig
 from lantern_core.errors import ConfigError
-from lantern_core.sampling import (draw_uniforms, filter_logits, make_generators, pick_tokens,
+from lantern_core.decoding.sampling import (draw_uniforms, filter_logits, make_generators, pick_tokens,
                                    probs_from_logits, sample_from_probs)
 
 CHI2_CRIT_DF5_P001 = 20.515  # chi-square critical value, 5 degrees of freedom, alpha = 0.001

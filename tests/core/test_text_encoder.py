@@ -5,7 +5,7 @@ import torch
 from tiny_models import random_gpt
 from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.errors import CheckpointError
-from lantern_core.generate import generate
+from lantern_core.decoding.generate import generate
 from lantern_core.text_encoder import T5CaptionEncoder, clean_prompt, left_pad
 
 

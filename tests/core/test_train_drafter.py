@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from lantern_core.config import DrafterConfig
-from lantern_core.drafter_io import load_drafter
+from lantern_core.loading.drafter_io import load_drafter
 from lantern_core.errors import ConfigError
 from lantern_core.models.drafter import EagleDrafter
-from lantern_core.sampling import make_generators
-from lantern_core.train_drafter import (DrafterData, Recipe, drafter_loss, image_folder_data, main, teacher_features,
+from lantern_core.decoding.sampling import make_generators
+from lantern_core.training.train_drafter import (DrafterData, Recipe, drafter_loss, image_folder_data, main, teacher_features,
                                         train_drafter)
 from lantern_core.conditioning import Condition
-from lantern_core.generate import generate
+from lantern_core.decoding.generate import generate
 from lantern_core.config import SamplingConfig
 from tests.tiny_models import TINY_C2I, TINY_VQ, random_gpt, random_vq
 
@@ -90,7 +90,7 @@ def test_cli_trains_the_embedded_target_into_the_released_layout(tmp_path):
     assert cfg["num_hidden_layers"] == 1 and cfg["lantern"]["grid_size"] == 16
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 4 and log["finished"]
-    from lantern_core.embedded import load_embedded
+    from lantern_core.loading.embedded import load_embedded
 
     loaded = load_drafter(out, load_embedded().gpt.config)
     assert loaded.model.embed_tokens.weight.dtype == torch.float32

@@ -5,11 +5,11 @@ import torch
 
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
-from lantern_core.sampling import make_generators
-from lantern_core import speculative
-from lantern_core.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.tree import NAIVE_EXTEND_57, TreeSpec
-from lantern_core.tree_select import CostCurve, choose_subtree, measure_costs, node_rates
+from lantern_core.decoding.sampling import make_generators
+from lantern_core.decoding import speculative
+from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
+from lantern_core.decoding.tree import NAIVE_EXTEND_57, TreeSpec
+from lantern_core.decoding.tree_select import CostCurve, choose_subtree, measure_costs, node_rates
 from tests.tiny_models import TINY_C2I, random_drafter, random_gpt
 
 

@@ -11,9 +11,9 @@ import torch
 
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
-from lantern_core.families import load_prompted
-from lantern_core.generate import generate
-from lantern_core.sampling import make_generators
+from lantern_core.loading.families import load_prompted
+from lantern_core.decoding.generate import generate
+from lantern_core.decoding.sampling import make_generators
 from tiny_families import save_chameleon_folder, save_chameleon_vqgan, save_janus_folder, write_released_anole_drafter
 
 JANUS, ANOLE, ANOLE_NO_VQ, LUMINA = "Janus-Pro-tiny", "Anole-tiny", "Anole-tiny-no-vqgan", "Lumina-mGPT-tiny"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lantern_core.checkpoint_io import write_safetensors
+from lantern_core.loading.checkpoint_io import write_safetensors
 from lantern_core.config import GPTConfig, VQConfig
 from tiny_models import random_gpt, random_vq
 
@@ -78,7 +78,7 @@ def test_t2i_speculation_with_a_drafter_folder(pack, files, node):
     target (prefix 8 -> drafter prefix 7), refused for the embedded model, and greedy LANTERN++ with
     lambda = 1 reproduces greedy AR for left-padded prompts."""
     import folder_paths
-    from lantern_core.drafter_io import save_drafter
+    from lantern_core.loading.drafter_io import save_drafter
     from lantern_core.models.drafter import EagleDrafter
     from lantern_core.config import DrafterConfig
     from lantern_pack.lantern_core.errors import LanternError

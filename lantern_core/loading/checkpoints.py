@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from .checkpoint_io import RawCheckpoint, read_checkpoint, read_json_object
-from .config import GPT_PRESETS, HEADS_BY_DIM, GPTConfig, VQConfig
-from .errors import CheckpointError, ConfigError
-from .models.gpt import LlamaGenGPT
-from .models.vq import VQModel
+from ..config import GPT_PRESETS, HEADS_BY_DIM, GPTConfig, VQConfig
+from ..errors import CheckpointError, ConfigError
+from ..models.gpt import LlamaGenGPT
+from ..models.vq import VQModel
 
 log = logging.getLogger(__name__)
 

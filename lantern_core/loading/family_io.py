@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from .checkpoints import HF_LAYER_MAP as LAYER_MAP
-from .config import GPTConfig
-from .errors import CheckpointError
-from .models.rope import interleave_head_norm, permute_rotate_half
+from ..config import GPTConfig
+from ..errors import CheckpointError
+from ..models.rope import interleave_head_norm, permute_rotate_half
 
 QKV = re.compile(r"self_attn\.([qkv])_proj\.weight")
 QK_NORM = re.compile(r"self_attn\.([qk])_norm\.(weight|bias)")

@@ -16,9 +16,9 @@ from typing import Protocol
 
 import torch
 
-from .models.drafter import EagleDrafter
-from .models.gpt import ForwardStep, ImageTransformer
-from .models.kv_cache import attention_mask
+from ..models.drafter import EagleDrafter
+from ..models.gpt import ForwardStep, ImageTransformer
+from ..models.kv_cache import attention_mask
 from .tree import TreeBuffers, TreeSpec, build_tree_buffers
 
 

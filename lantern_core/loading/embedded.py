@@ -15,7 +15,7 @@ import torch
 from .checkpoints import LoadedGPT, LoadedVQ, load_gpt, load_vq
 from .drafter_io import LoadedDrafter, load_drafter
 
-EMBEDDED_DIR = Path(__file__).resolve().parent / "assets" / "default"
+EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "assets" / "default"
 EMBEDDED_GPT = EMBEDDED_DIR / "gpt.safetensors"
 EMBEDDED_VQ = EMBEDDED_DIR / "vq.safetensors"
 EMBEDDED_CLASSIFIER = EMBEDDED_DIR / "classifier.safetensors"
@@ -37,7 +37,7 @@ class Pipeline:
 
     def class_index(self, name_or_index: str | int) -> int:
         """A class given by index or (case-insensitive) name -> index, with a helpful error."""
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         names = self.gpt.class_names or []
         if isinstance(name_or_index, int) or str(name_or_index).strip().lstrip("-").isdigit():
@@ -55,7 +55,7 @@ class Pipeline:
 def load_classifier(device: torch.device | str = "cpu"):
     """The shipped photo classifier (scores generated samples; `train_embedded.PhotoClassifier`)."""
     from .checkpoint_io import read_checkpoint
-    from .train_embedded import PhotoClassifier
+    from ..training.train_embedded import PhotoClassifier
 
     clf = PhotoClassifier(8)
     clf.load_state_dict({k: v.float() for k, v in read_checkpoint(EMBEDDED_CLASSIFIER).tensors.items()})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
-from .models.gpt import ImageTransformer
+from ..models.gpt import ImageTransformer
 from .tree_select import CostCurve, verify_times
 
 _COSTS: "weakref.WeakKeyDictionary[ImageTransformer, dict]" = weakref.WeakKeyDictionary()

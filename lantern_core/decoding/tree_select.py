@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from .generate import synchronize
-from .models.drafter import EagleDrafter
-from .models.gpt import ForwardStep, ImageTransformer
+from ..models.drafter import EagleDrafter
+from ..models.gpt import ForwardStep, ImageTransformer
 from .tree import TreeSpec
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)

@@ -26,19 +26,19 @@ from pathlib import Path
 
 import torch
 
-from .bench import machine_info, write_report
-from .conditioning import Condition
-from .config import DrafterConfig, GPTConfig, SamplingConfig
-from .generate import generate, synchronize
-from .jacobi import JacobiConfig, jacobi_generate
-from .jacobi_window import curve_sizes
-from .models.drafter import EagleDrafter
-from .models.prompted import PromptedImageLM
-from .neighbors import build_neighbors
-from .relaxation import Relaxation
-from .speculative import SpeculativeConfig, speculative_generate
-from .tree import NAIVE_EXTEND_57
-from .tree_select import verify_times
+from .ar import machine_info, write_report
+from ..conditioning import Condition
+from ..config import DrafterConfig, GPTConfig, SamplingConfig
+from ..decoding.generate import generate, synchronize
+from ..decoding.jacobi import JacobiConfig, jacobi_generate
+from ..decoding.jacobi_window import curve_sizes
+from ..models.drafter import EagleDrafter
+from ..models.prompted import PromptedImageLM
+from ..decoding.neighbors import build_neighbors
+from ..decoding.relaxation import Relaxation
+from ..decoding.speculative import SpeculativeConfig, speculative_generate
+from ..decoding.tree import NAIVE_EXTEND_57
+from ..decoding.tree_select import verify_times
 
 INIT_STD = 0.25  # peaked random next-token distributions (uniform ones would accept nothing)
 PROMPTS = 8  # the prompt pool: drafters are distilled on these prompts and images are timed on them
@@ -82,7 +82,7 @@ def random_prompted(config: GPTConfig, device, dtype) -> PromptedImageLM:
 
 def trained_drafter(model: PromptedImageLM, steps: int, device) -> EagleDrafter:
     """A drafter for `model` trained for `steps` on the model's own samples (self-distillation)."""
-    from .train_drafter import Recipe, self_distilled_data, train_drafter
+    from ..training.train_drafter import Recipe, self_distilled_data, train_drafter
 
     drafter = EagleDrafter(DrafterConfig.for_target(model.config)).to(device)
     drafter.init_from_target(model, torch.Generator(device=device).manual_seed(0))

@@ -20,15 +20,15 @@ from typing import Literal
 
 import torch
 
-from .conditioning import Condition
-from .config import SamplingConfig
+from ..conditioning import Condition
+from ..config import SamplingConfig
 from .drafting import (DraftTree, DrafterSession, DynamicShape, draft_dynamic, draft_static, per_row, prefix_inputs,
                        plan_static_tree)
-from .errors import ConfigError
-from .layout import extend_neighbors
+from ..errors import ConfigError
+from ..layout import extend_neighbors
 from .generate import GenerationResult, GenerationStats, StepCallback, generate, prefill_state, synchronize
-from .models.drafter import EagleDrafter
-from .models.gpt import ImageTransformer
+from ..models.drafter import EagleDrafter
+from ..models.gpt import ImageTransformer
 from .relaxation import Relaxation
 from .sampling import Generators, filter_logits, generator_for, pick_tokens
 from .tree import NAIVE_EXTEND_57, TreeSpec
@@ -280,7 +280,7 @@ def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device
     if neighbors is None or neighbors.shape[1] < k:
         raise ConfigError("neighbour table", f"a (V, >= {k}) table for lantern k",
                           None if neighbors is None else tuple(neighbors.shape),
-                          "build it with lantern_core.neighbors.load_or_build_neighbors")
+                          "build it with lantern_core.decoding.neighbors.load_or_build_neighbors")
     return neighbors.to(device)
 
 

@@ -6,8 +6,8 @@ flips; the class is the source photo. Deterministic: every random draw comes fro
 generators seeded from `--seed`. Writes fp16 safetensors, a sample grid, a JSON log and the model
 card into `--out`. Usage:
 
-    python -m lantern_core.train_embedded --out lantern_core/assets/default          # full (~20 min)
-    python -m lantern_core.train_embedded --out /tmp/x --scale 0.01                   # smoke run
+    python -m lantern_core.training.train_embedded --out lantern_core/assets/default          # full (~20 min)
+    python -m lantern_core.training.train_embedded --out /tmp/x --scale 0.01                   # smoke run
 """
 from __future__ import annotations
 
@@ -24,15 +24,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checkpoint_io import write_safetensors
-from .conditioning import Condition
-from .config import GPTConfig, SamplingConfig, VQConfig
-from .generate import generate
-from .models.gpt import LlamaGenGPT
-from .models.vq import VQModel
-from .sampling import make_generators
+from ..loading.checkpoint_io import write_safetensors
+from ..conditioning import Condition
+from ..config import GPTConfig, SamplingConfig, VQConfig
+from ..decoding.generate import generate
+from ..models.gpt import LlamaGenGPT
+from ..models.vq import VQModel
+from ..decoding.sampling import make_generators
 
-log = logging.getLogger("lantern_core.train_embedded")
+log = logging.getLogger("lantern_core.training.train_embedded")
 
 # class index -> (name, skimage.data loader name)
 PHOTOS: list[tuple[str, str]] = [
@@ -309,7 +309,7 @@ Real photographs that ship inside scikit-image's wheel (`skimage.data`), one cla
 {IMAGE_SIZE}x{IMAGE_SIZE} crops with random horizontal flips.
 
 ## Command
-`python -m lantern_core.train_embedded --out lantern_core/assets/default --seed {record["seed"]}`
+`python -m lantern_core.training.train_embedded --out lantern_core/assets/default --seed {record["seed"]}`
 (`make train-default`). Deterministic: every random draw comes from generators seeded from `--seed`.
 Run on {record["threads"]} CPU threads with torch {record["torch"]}: VQ {t["vq_s"] / 60:.1f} min, GPT {t["gpt_s"] / 60:.1f} min,
 classifier {t["classifier_s"] / 60:.1f} min, evaluation {t["eval_s"] / 60:.1f} min; total {t["total_s"] / 60:.1f} min.

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .models.gpt import ForwardStep, LlamaGenGPT
-from .models.kv_cache import KVCache
+from ..models.gpt import ForwardStep, LlamaGenGPT
+from ..models.kv_cache import KVCache
 
 
 def tree_mask(key_valid: torch.Tensor, length: int, buffers) -> torch.Tensor:

@@ -22,12 +22,12 @@ import torch
 
 from .checkpoint_io import read_checkpoint, read_json_object
 from .checkpoints import build_on_meta, check_layer_count, infer_vq_config, load_state_strict, read_hf_folder
-from .config import GPTConfig
-from .errors import CheckpointError, ConfigError
+from ..config import GPTConfig
+from ..errors import CheckpointError, ConfigError
 from .family_io import chameleon_state, janus_state, taming_to_ours
-from .models.prompted import PromptedImageLM
-from .models.vq import VQModel
-from .prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, chameleon_image_token_ids, load_tokenizer,
+from ..models.prompted import PromptedImageLM
+from ..models.vq import VQModel
+from ..prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, chameleon_image_token_ids, load_tokenizer,
                       lumina_format, lumina_size_token, token_id)
 
 log = logging.getLogger(__name__)

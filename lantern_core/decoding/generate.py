@@ -1,9 +1,10 @@
 """Plain autoregressive generation with a static KV cache (the baseline every speculative decoder
 is measured against).
 
-One entry point, `generate`, returns tokens plus stats. CFG runs as [cond; uncond] rows in one
-batch; the cache is preallocated for prefix + image tokens; sampling randomness comes only from the
-caller's generators. Device and dtype are the model's; this module never picks them. Decoding tokens
+One entry point, `generate`, returns tokens plus stats: an eager prefill, then a loop over the static-shape
+`ar_step` (`ar_step.py`), replayed from a CUDA graph on CUDA (`step_graphs.py`). CFG runs as [cond; uncond]
+rows in one batch; the cache is preallocated for prefix + image tokens; sampling randomness comes only from
+the caller's generators. Device and dtype are the model's; this module never picks them. Decoding tokens
 to pixels is the VQ tokenizer's job.
 """
 from __future__ import annotations
@@ -14,11 +15,14 @@ from typing import Callable
 
 import torch
 
-from .conditioning import Condition, build_prefix
-from .config import SamplingConfig
-from .models.gpt import ForwardStep, ImageTransformer
-from .models.kv_cache import KVCache, attention_mask
-from .sampling import Generators, combine_cfg, pick_tokens
+from ..conditioning import Condition, build_prefix
+from ..config import SamplingConfig
+from ..models.gpt import ForwardStep, ImageTransformer
+from ..models.kv_cache import KVCache, attention_mask
+from .ar_step import (SLOT_BUCKET, ARBuffers, ARShape, ar_step, draw_uniforms_upfront, sample_step_tokens, slots_for,
+                      window_for, windows)
+from .sampling import Generators
+from .step_graphs import StepRunner, runner_for, uses_graphs
 
 # (tokens done per sample, total per sample, the (B, N) token buffer filled up to `done`)
 StepCallback = Callable[[int, int, torch.Tensor], None]
@@ -67,18 +71,6 @@ class GenerationResult:
         """The heat map of one sample as rows of the token grid (1 everywhere for plain AR)."""
         side = int(round(self.tokens.shape[1] ** 0.5))
         return self.accepted_per_cell[sample].reshape(side, -1).tolist()
-
-
-def _logits_for_step(model: ImageTransformer, logits: torch.Tensor, sampling: SamplingConfig, guided: bool,
-                     step: int) -> torch.Tensor:
-    """Raw logits (rows, V) of image token `step` -> CFG-combined logits (B, V) with the model's layout."""
-    if not guided:
-        combined = logits
-    elif sampling.cfg_active(step):
-        combined = combine_cfg(logits, sampling.cfg_scale)
-    else:
-        combined = logits.chunk(2, dim=0)[0]
-    return model.constrain_logits(combined, step)
 
 
 def estimate_run_bytes(config, batch: int, guided: bool, dtype: torch.dtype) -> int:
@@ -132,46 +124,69 @@ def prefill_state(model: ImageTransformer, condition: Condition, guided: bool, s
     return DecodeState(cache, key_valid, T, prefix.token_ids), hidden
 
 
+def ar_runner(model: ImageTransformer, shape: ARShape, compile: str) -> StepRunner:
+    """The step runner for `shape`: a cached runner with one CUDA graph per attention window where `compile`
+    allows graphs on this device, else fresh eager buffers (the caller releases them after the run)."""
+    device = model.tok_embeddings.weight.device
+
+    def build() -> StepRunner:
+        buffers = ARBuffers.allocate(model, shape)
+        return StepRunner(lambda window: ar_step(model, shape, buffers, window), buffers)
+
+    if not uses_graphs(compile, device):
+        return build()
+
+    def reset(runner: StepRunner) -> None:  # a valid state for warm-up steps (index 1, one prefix slot)
+        runner.buffers.index.fill_(1)
+        runner.buffers.prefix_len.fill_(1)
+        runner.buffers.tokens.zero_()
+
+    return runner_for(model, ("ar", shape), build, windows(shape.slots), reset, device)
+
+
 @torch.no_grad()
 def generate(model: ImageTransformer, condition: Condition, sampling: SamplingConfig,
-             generator: Generators = None, on_step: StepCallback | None = None) -> GenerationResult:
-    """Sample `condition.batch` images' tokens autoregressively. Returns tokens (B, N) and stats."""
+             generator: Generators = None, on_step: StepCallback | None = None,
+             compile: str = "auto") -> GenerationResult:
+    """Sample `condition.batch` images' tokens autoregressively. Returns tokens (B, N) and stats.
+
+    Prefill runs eagerly; every later token is one `ar_step` over static buffers, replayed from a CUDA graph
+    when `compile` is "auto" on a CUDA device (captured once per shape, `step_graphs.py`), else eager.
+    Both paths give the same tokens; the uniforms of every step are drawn up front from `generator`."""
     config = model.config
-    guided = sampling.uses_cfg
     n_tokens = config.num_image_tokens
     start = time.perf_counter()
-    prefix = build_prefix(model, condition, guided)
+    prefix = build_prefix(model, condition, sampling.uses_cfg)
     rows, T = prefix.key_valid.shape
     device = prefix.embeddings.device
-    cache = model.allocate_cache(rows, T + n_tokens)
-    key_valid = torch.ones(rows, cache.max_len, dtype=torch.bool, device=device)
-    key_valid[:, :T] = prefix.key_valid
-
+    bucket = SLOT_BUCKET if uses_graphs(compile, device) else 1  # one graph serves prompts of similar length
+    shape = ARShape(condition.batch, slots_for(T, n_tokens, bucket), n_tokens, sampling)
+    runner = ar_runner(model, shape, compile)
+    buffers: ARBuffers = runner.buffers
     try:
+        buffers.key_valid.fill_(True)
+        buffers.key_valid[:, :T] = prefix.key_valid
+        if not sampling.greedy:
+            buffers.uniforms.copy_(draw_uniforms_upfront(generator, condition.batch, n_tokens, device))
         positions = torch.arange(T, device=device)
-        prefill = ForwardStep(positions, cache, kv_len=T, mask=attention_mask(key_valid, positions, T))
-        hidden = model(prefix.embeddings, prefill)
-        logits = model.logits(hidden[:, -1])  # (rows, V)
-        tokens = torch.empty(condition.batch, n_tokens, dtype=torch.long, device=device)
-        tokens[:, 0] = pick_tokens(_logits_for_step(model, logits, sampling, guided, 0), sampling, generator)
+        prefill = ForwardStep(positions, buffers.cache, kv_len=T, mask=attention_mask(buffers.key_valid, positions, T))
+        logits = model.logits(model(prefix.embeddings, prefill)[:, -1])  # (rows, V)
+        buffers.index.zero_()
+        buffers.tokens[:, 0] = sample_step_tokens(model, logits, sampling, buffers.index, buffers.uniforms[0])
+        buffers.index.fill_(1)
+        buffers.prefix_len.fill_(T)
         prefill_time = time.perf_counter() - start
         if on_step is not None:
-            on_step(1, n_tokens, tokens)
-
-        decode_mask = key_valid[:, None, None, :] if prefix.padded else None  # (rows, 1, 1, S_max)
+            on_step(1, n_tokens, buffers.tokens)
         for i in range(1, n_tokens):
-            pos = T + i - 1  # slot of the token fed now (image token i - 1)
-            fed = tokens[:, i - 1 : i]
-            fed = torch.cat([fed, fed]) if guided else fed  # (rows, 1)
-            step = ForwardStep(positions.new_tensor([pos]), cache, kv_len=pos + 1,
-                               mask=None if decode_mask is None else decode_mask[..., : pos + 1])
-            logits = model.logits(model(model.embed_tokens(fed), step)[:, -1])
-            tokens[:, i] = pick_tokens(_logits_for_step(model, logits, sampling, guided, i), sampling, generator)
+            runner.run(window_for(T + i - 1, shape.slots))
             if on_step is not None:
-                on_step(i + 1, n_tokens, tokens)
+                on_step(i + 1, n_tokens, buffers.tokens)
+        tokens = buffers.tokens.clone()
+        cache_bytes = buffers.cache.nbytes
     finally:
-        cache_bytes = cache.nbytes
-        cache.release()  # frees the buffers now, even when a callback interrupts the run
+        if not runner.shared:
+            buffers.release()  # frees the eager buffers now, even when a callback interrupts the run
     synchronize(device)
     stats = GenerationStats(batch=condition.batch, image_tokens=n_tokens, forward_passes=n_tokens,
                             wall_time_s=time.perf_counter() - start, prefill_time_s=prefill_time,

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from .config import SamplingConfig
+from ..config import SamplingConfig
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
 

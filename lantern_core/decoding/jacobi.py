@@ -32,16 +32,16 @@ from dataclasses import dataclass, replace
 import torch
 
 from .acceptance import absorbed_set, normalise
-from .conditioning import Condition
-from .config import SamplingConfig
-from .errors import ConfigError
+from ..conditioning import Condition
+from ..config import SamplingConfig
+from ..errors import ConfigError
 from .generate import DecodeState, GenerationResult, StepCallback, prefill_state, synchronize
 from .jacobi_window import WindowChoice, choose_window, target_costs
-from .models.gpt import ForwardStep, ImageTransformer
-from .models.kv_cache import attention_mask
+from ..models.gpt import ForwardStep, ImageTransformer
+from ..models.kv_cache import attention_mask
 from .relaxation import Grouping, Relaxation, group_mass, relax
 from .sampling import Generators, generator_for, sample_from_probs
-from .layout import extend_neighbors
+from ..layout import extend_neighbors
 from .speculative import NodeDistributions, RunTally, check_neighbors, weights_digest
 
 INITS = ("random", "sample_left", "repeat_left", "repeat_above")

@@ -19,8 +19,8 @@ Data (token sequences + conditions), from any mix of:
 Resumable (`--resume` continues from `OUT/train_state.pt` exactly as if never stopped), logs progress,
 writes the released drafter layout (config.json + model.safetensors) and `training_log.json` to `--out`.
 
-    python -m lantern_core.train_drafter --target embedded --out lantern_core/assets/default/drafter
-    python -m lantern_core.train_drafter --target c2i_L_256.pt --vq vq_ds16_c2i.pt --images imagenet_subset/ --out d
+    python -m lantern_core.training.train_drafter --target embedded --out lantern_core/assets/default/drafter
+    python -m lantern_core.training.train_drafter --target c2i_L_256.pt --vq vq_ds16_c2i.pt --images imagenet_subset/ --out d
 """
 from __future__ import annotations
 
@@ -34,17 +34,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .conditioning import Condition, build_prefix, left_pad
-from .config import DrafterConfig, SamplingConfig
-from .drafter_io import save_drafter
-from .errors import ConfigError, LanternError
-from .generate import generate
-from .models.drafter import EagleDrafter
-from .models.gpt import ForwardStep, ImageTransformer, LlamaGenGPT
-from .models.kv_cache import attention_mask
-from .sampling import make_generators
+from ..conditioning import Condition, build_prefix, left_pad
+from ..config import DrafterConfig, SamplingConfig
+from ..loading.drafter_io import save_drafter
+from ..errors import ConfigError, LanternError
+from ..decoding.generate import generate
+from ..models.drafter import EagleDrafter
+from ..models.gpt import ForwardStep, ImageTransformer, LlamaGenGPT
+from ..models.kv_cache import attention_mask
+from ..decoding.sampling import make_generators
 
-log = logging.getLogger("lantern_core.train_drafter")
+log = logging.getLogger("lantern_core.training.train_drafter")
 STATE_FILE = "train_state.pt"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
@@ -364,9 +364,9 @@ def train_drafter(target: ImageTransformer, data: DrafterData, recipe: Recipe, o
 def measure_acceptance(target: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
                        seed: int) -> dict:
     """Mean accepted length and per-depth acceptance of exact decoding with the published trees."""
-    from .drafting import DynamicShape
-    from .speculative import SpeculativeConfig, speculative_generate
-    from .tree import MC_SIM_7B_63, NAIVE_EXTEND_57, chain_tree
+    from ..decoding.drafting import DynamicShape
+    from ..decoding.speculative import SpeculativeConfig, speculative_generate
+    from ..decoding.tree import MC_SIM_7B_63, NAIVE_EXTEND_57, chain_tree
 
     trees = {"naive_extend_57": SpeculativeConfig(static_tree=NAIVE_EXTEND_57),
              "mc_sim_7b_63": SpeculativeConfig(static_tree=MC_SIM_7B_63),
@@ -425,7 +425,7 @@ Loss {hist[0]["loss"]:.3f} -> {hist[-1]["loss"]:.3f}; top-1 agreement with the t
 # ------------------------------------------------------------------------------------------- CLI
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lantern_core.train_drafter", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m lantern_core.training.train_drafter", description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, help="'embedded', a LlamaGen GPT checkpoint (file or HF folder), or "
                    "an Anole / Janus-Pro model folder")
     p.add_argument("--vq", help="VQ tokenizer for --images (default: the embedded one with --target embedded)")
@@ -464,9 +464,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train_from_args(args: argparse.Namespace) -> dict:
-    from .checkpoints import load_gpt, load_vq
-    from .embedded import load_embedded
-    from .families import family_of, load_prompted
+    from ..loading.checkpoints import load_gpt, load_vq
+    from ..loading.embedded import load_embedded
+    from ..loading.families import family_of, load_prompted
 
     recipe = Recipe(**{k: getattr(args, k) for k in asdict(Recipe())})
     prompted = None
@@ -487,7 +487,7 @@ def train_from_args(args: argparse.Namespace) -> dict:
         raise ConfigError("--images", "self-distilled data (--prompts FILE --self-distill N) for an Anole / "
                           "Janus-Pro target", str(args.images))
     if target.config.model_type == "t2i" and (args.images or args.prompts):
-        from .text_encoder import T5CaptionEncoder
+        from ..text_encoder import T5CaptionEncoder
 
         if not args.t5:
             raise ConfigError("--t5", "a Flan-T5 folder for a text-conditional target", None)
@@ -517,7 +517,7 @@ def train_from_args(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     drafter, record = train_drafter(target, data, recipe, args.out, resume=args.resume, max_steps=args.max_steps)
     record.update(target=args.target, train_s=time.perf_counter() - t0,
-                  command="python -m lantern_core.train_drafter " + " ".join(args.argv))
+                  command="python -m lantern_core.training.train_drafter " + " ".join(args.argv))
     half = {k: v.half().float() if v.is_floating_point() else v for k, v in drafter.state_dict().items()}
     drafter.load_state_dict(half)  # what we save (fp16) is what we measured
     if args.evaluate and (target.config.model_type == "c2i" or prompted):

@@ -18,7 +18,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 ROW_CHUNK = 1024  # rows of the distance matrix computed at once: bounds memory to ROW_CHUNK x V floats

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, safe_open, save_file
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

@@ -24,14 +24,14 @@ import torch
 
 from .checkpoint_io import read_checkpoint, read_json_object, write_safetensors
 from .checkpoints import build_on_meta, config_from_metadata, load_state_strict, strip_prefixes
-from .config import HEADS_BY_DIM, DrafterConfig, GPTConfig
-from .errors import CheckpointError, ConfigError, LanternError
-from .models.drafter import EagleDrafter
-from .models.rope import interleave_head_norm, permute_rotate_half, unpermute_rotate_half
+from ..config import HEADS_BY_DIM, DrafterConfig, GPTConfig
+from ..errors import CheckpointError, ConfigError, LanternError
+from ..models.drafter import EagleDrafter
+from ..models.rope import interleave_head_norm, permute_rotate_half, unpermute_rotate_half
 
 DRAFTER_FIX = ("choose the drafter trained for this target model (a folder with config.json + "
                "pytorch_model.bin or model.safetensors, e.g. jadohu/llamagen_drafter for LlamaGen-T2I stage I), "
-               "or train one with `python -m lantern_core.train_drafter`")
+               "or train one with `python -m lantern_core.training.train_drafter`")
 # LANTERN's `input_type` -> (grid side, drafter prefix length)
 INPUT_TYPES = {"t2i": (16, 119), "t2i2": (32, 119), "c2i": (24, 0)}
 MLP_MAP = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}

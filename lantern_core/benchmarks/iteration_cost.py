@@ -1,0 +1,158 @@
+"""What one iteration of every decoding mode costs next to one AR step, on a model's shapes (`make bench`,
+`make bench-cuda`): random target and drafter weights of the given size, a fixed number of iterations
+per mode after as many warm-up ones, ms per iteration (verification forward + drafter levels + tree walk, or one Jacobi window)
+and its ratio to the same run's AR ms/step. A mode's end-to-end speed-up is its mean accepted length
+divided by that ratio; accepted lengths come from the trained embedded model (`speculative.py`), since
+random weights accept at random. Timings are never asserted.
+
+    python -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..conditioning import Condition
+from ..config import DrafterConfig, GPTConfig, SamplingConfig, gpt_preset
+from ..decoding.drafting import DynamicShape
+from ..decoding.generate import generate, synchronize
+from ..decoding.jacobi import JacobiConfig, jacobi_generate
+from ..decoding.neighbors import build_neighbors
+from ..decoding.relaxation import Relaxation
+from ..decoding.sampling import make_generators
+from ..decoding.speculative import SpeculativeConfig, speculative_generate
+from ..decoding.tree import NAIVE_EXTEND_57
+from ..models.drafter import EagleDrafter
+from .ar import machine_info, random_model, write_report
+
+log = logging.getLogger("lantern_core.benchmarks.iteration_cost")
+MODELS = {"GPT-B": ("GPT-B", 256), "GPT-L": ("GPT-L", 256), "GPT-XL": ("GPT-XL", 384)}
+
+
+@dataclass
+class CostRow:
+    mode: str
+    what: str  # the tree or window an iteration verifies
+    iterations: int
+    ms_per_iteration: float
+    vs_ar_step: float
+    error: str = ""
+
+
+def modes(k: int) -> list[tuple[str, object]]:
+    static = SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57)
+    return [
+        ("static_tree (naive_extend_57)", static),
+        ("lantern_pp lambda 5 (naive_extend_57)", SpeculativeConfig(tree="static", relaxation=Relaxation(k=k, lam=5.0))),
+        ("eagle2 (d5 k10 n58)", SpeculativeConfig(tree="dynamic", dynamic=DynamicShape(5, 10, 58))),
+        ("lantern delta 0.1 (eagle2 d5 k10 n58)",
+         SpeculativeConfig(tree="dynamic", dynamic=DynamicShape(5, 10, 58), relaxation=Relaxation(k=k, delta=0.1))),
+        ("sjd (window 16)", JacobiConfig(16, coupled=False)),
+        ("sjd_coupled (window 16)", JacobiConfig(16, coupled=True)),
+    ]
+
+
+class _Enough(Exception):
+    """Raised from the step callback once enough iterations were timed."""
+
+
+@torch.no_grad()
+def measure(model, drafter, neighbors, sampling: SamplingConfig, spec, device, iterations: int) -> float:
+    """Milliseconds per iteration over `iterations` iterations (from the step callback, which every decoder
+    calls once per iteration), after as many warm-up iterations; the run stops there (with random weights a
+    whole image is ~one iteration per token, too long for a GPT-XL check)."""
+    def timed(seed: int) -> float:
+        calls, start = [0], [0.0]
+
+        def on_step(done: int, total: int, tokens: torch.Tensor) -> None:
+            calls[0] += 1
+            if calls[0] == 1:  # the clock starts after the prefill and first iteration
+                synchronize(device)
+                start[0] = time.perf_counter()
+            elif calls[0] > iterations:
+                synchronize(device)
+                raise _Enough
+
+        gens = make_generators(seed, 1, device)
+        cond = Condition.classes([seed % model.config.num_classes], device=device)
+        try:
+            if spec is None:
+                generate(model, cond, sampling, gens, on_step)
+            elif isinstance(spec, JacobiConfig):
+                jacobi_generate(model, cond, sampling, spec, gens, neighbors, on_step)
+            else:
+                speculative_generate(model, drafter, cond, sampling, spec, gens, neighbors, on_step)
+            synchronize(device)
+        except _Enough:
+            pass
+        return 1000.0 * (time.perf_counter() - start[0]) / max(calls[0] - 1, 1)
+
+    timed(1)
+    return timed(2)
+
+
+def run(config: GPTConfig, label: str, device: torch.device, dtype: torch.dtype, k: int,
+        iterations: int = 32) -> dict:
+    model = random_model(config, device, dtype)
+    drafter = EagleDrafter(DrafterConfig.for_target(config)).to(device)
+    drafter.init_from_target(model, torch.Generator(device=device).manual_seed(1))
+    drafter = drafter.to(dtype=dtype).eval()
+    neighbors = build_neighbors(torch.randn(config.vocab_size, 8, generator=torch.Generator().manual_seed(2)), k)
+    neighbors = neighbors.to(device)
+    sampling = SamplingConfig(cfg_scale=4.0, temperature=1.0)
+    ar_ms = measure(model, drafter, neighbors, sampling, None, device, iterations)  # as users get it
+    rows = [CostRow("ar (one step)", "1 token", iterations, round(ar_ms, 3), 1.0)]
+    for name, spec in modes(k):
+        try:
+            ms = measure(model, drafter, neighbors, sampling, spec, device, iterations)
+            rows.append(CostRow(name, name.split("(")[-1].rstrip(")"), iterations, round(ms, 3), round(ms / ar_ms, 3)))
+        except Exception as error:  # one mode failing must not lose the others
+            log.exception("%s failed", name)
+            rows.append(CostRow(name, "", 0, float("nan"), float("nan"), f"{type(error).__name__}: {error}"[:300]))
+        log.info("%s", rows[-1])
+    return {"model": f"{label} (random weights)", "tokens": config.num_image_tokens,
+            "rows": [asdict(r) for r in rows]}
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# Cost of one iteration per decoding mode ({report['device']}, {report['dtype']})", "",
+             f"{report['model']}, {report['tokens']} tokens, batch 1, cfg 4; {report['machine']}; "
+             f"torch {report['torch']}; {report['date']}", "",
+             "| mode | iterations timed | ms / iteration | vs one AR step |", "|---|---|---|---|"]
+    for r in report["rows"]:
+        if r["error"]:
+            lines.append(f"| {r['mode']} | failed: {r['error']} | | |")
+        else:
+            lines.append(f"| {r['mode']} | {r['iterations']} | {r['ms_per_iteration']:.2f} | {r['vs_ar_step']:.2f}x |")
+    lines += ["", "An iteration verifies a drafted tree (verification forward + drafter levels + tree walk + "
+                  "cache compaction) or a Jacobi window. Speed-up = mean accepted length / (ms per iteration / AR "
+                  "ms per step); LANTERN's goal on GPUs is a 57-node static-tree iteration within 1.5 AR steps."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description="per-iteration cost of every decoding mode vs one AR step")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--model", default="GPT-B", choices=sorted(MODELS))
+    parser.add_argument("--lantern-k", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=32, help="iterations timed per mode (after as many warm-up)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    preset, size = MODELS[args.model]
+    report = run(gpt_preset(preset, "c2i", size), f"{preset} c2i {size}px", device, dtype, args.lantern_k,
+                 args.iterations)
+    report.update(machine_info(device), dtype=args.dtype)
+    write_report(args.out, f"iteration_cost_{device.type}_{args.dtype}", report, markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The static-shape AR step: one forward and one sampled token per call, with every value that changes
+from step to step held in device tensors.
+
+`ARBuffers` are the tensors a step reads and writes (the KV cache over a fixed number of slots, the
+key-validity mask, the token buffer, the uniforms of every step drawn up front, the image-token index
+and the prefix length). `ar_step` advances the index by one without a host read, an allocation that
+depends on the step, or a Python branch on a tensor value, so the same call runs eagerly, under
+`torch.compile(fullgraph=True)` and replayed from a CUDA graph (`step_graphs.py`), and all three give the
+same tokens. Attention covers every slot of the cache with a mask (`keys <= slot`), as gpt-fast does, so the
+shapes never change. Prefill, which depends on the prompt's length, stays outside (`generate.py`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import SamplingConfig
+from ..models.gpt import ForwardStep, ImageTransformer
+from ..models.kv_cache import KVCache
+from .sampling import Generators, combine_cfg, probs_from_logits, sample_from_probs
+
+SLOT_BUCKET = 64  # captured cache lengths and attention windows are multiples of this
+
+
+@dataclass(frozen=True)
+class ARShape:
+    """What fixes a step's tensor shapes and its code: rows (= batch, x2 with CFG), cache slots, image tokens,
+    and the sampling settings the step bakes in."""
+
+    batch: int
+    slots: int
+    image_tokens: int
+    sampling: SamplingConfig
+
+    @property
+    def guided(self) -> bool:
+        return self.sampling.uses_cfg
+
+    @property
+    def rows(self) -> int:
+        return self.batch * (2 if self.guided else 1)
+
+
+def window_for(slot: int, slots: int) -> int:
+    """Keys a step attends over when it feeds the token at cache slot `slot`: the slots up to it rounded up to
+    `SLOT_BUCKET` (capped by the cache), so attention grows with the image in a few fixed shapes instead of
+    one shape per token or the whole cache every step."""
+    return min(slots, (slot // SLOT_BUCKET + 1) * SLOT_BUCKET)
+
+
+def windows(slots: int) -> list[int]:
+    """Every attention window a cache of `slots` slots can use (one captured graph each)."""
+    return sorted({window_for(s, slots) for s in range(0, slots, SLOT_BUCKET)} | {slots})
+
+
+def slots_for(prefix_len: int, image_tokens: int, bucket: int = 1) -> int:
+    """Cache slots for a prefix of `prefix_len` tokens plus the image, rounded up to a multiple of `bucket`."""
+    need = prefix_len + image_tokens
+    return -(-need // bucket) * bucket
+
+
+@dataclass
+class ARBuffers:
+    """The static tensors of one AR run shape. Allocated once per `ARShape` and reused across images."""
+
+    cache: KVCache  # (L, rows, H_kv, slots, D) keys and values
+    key_valid: torch.Tensor  # (rows, slots) bool: False on padded prefix slots
+    tokens: torch.Tensor  # (B, N) long: image tokens, filled up to `index`
+    uniforms: torch.Tensor  # (N, B) float32: the uniform each image's token i is sampled with
+    index: torch.Tensor  # () long: the image token the next step produces (1 .. N-1)
+    prefix_len: torch.Tensor  # () long: T, the slot of image token 0's input is T
+
+    @classmethod
+    def allocate(cls, model: ImageTransformer, shape: ARShape) -> "ARBuffers":
+        device = model.tok_embeddings.weight.device
+        return cls(
+            cache=model.allocate_cache(shape.rows, shape.slots),
+            key_valid=torch.ones(shape.rows, shape.slots, dtype=torch.bool, device=device),
+            tokens=torch.zeros(shape.batch, shape.image_tokens, dtype=torch.long, device=device),
+            uniforms=torch.zeros(shape.image_tokens, shape.batch, dtype=torch.float32, device=device),
+            index=torch.ones((), dtype=torch.long, device=device),
+            prefix_len=torch.ones((), dtype=torch.long, device=device),
+        )
+
+    def release(self) -> None:
+        self.cache.release()
+
+    @property
+    def nbytes(self) -> int:
+        return self.cache.nbytes + sum(t.numel() * t.element_size()
+                                       for t in (self.key_valid, self.tokens, self.uniforms))
+
+
+def draw_uniforms_upfront(generator: Generators, batch: int, n_tokens: int, device: torch.device) -> torch.Tensor:
+    """(N, B) uniforms: row i holds what `pick_tokens` would draw for token i. A per-sample list draws each
+    image's N uniforms from its own generator (sample i = a single run with seed + i); a shared generator
+    (or None) draws them in step order. On the CPU this is the same stream as drawing step by step."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand(n_tokens, batch, generator=generator, device=device)
+    if len(generator) != batch:
+        raise ValueError(f"got {len(generator)} generators for a batch of {batch}; pass one per sample")
+    return torch.stack([torch.rand(n_tokens, generator=g, device=device) for g in generator], dim=1)
+
+
+def sample_step_tokens(model: ImageTransformer, logits: torch.Tensor, sampling: SamplingConfig,
+                       index: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Raw logits (rows, V) of image token `index` (() long tensor) -> tokens (B,): CFG (with its interval,
+    as a tensor select), the model's forced-token layout, then argmax or inverse-CDF with `uniforms` (B,)."""
+    if sampling.uses_cfg:
+        guided = combine_cfg(logits, sampling.cfg_scale)
+        if sampling.cfg_interval >= 0:
+            guided = torch.where(index <= sampling.cfg_interval + 1, guided, logits.chunk(2, dim=0)[0])
+        logits = guided
+    logits = model.constrain_logits(logits, index)
+    if sampling.greedy:
+        return logits.argmax(-1)
+    return sample_from_probs(probs_from_logits(logits, sampling), uniforms)
+
+
+def ar_step(model: ImageTransformer, shape: ARShape, buffers: ARBuffers, window: int) -> None:
+    """Feed image token `index - 1`, sample token `index` into `buffers.tokens`, advance `index`, attending
+    over the first `window` cache slots (`window_for` of the fed slot; the caller knows it from its loop
+    counter). Shapes depend on `shape` and `window` only; nothing reads the host."""
+    i = buffers.index
+    slot = buffers.prefix_len + i - 1  # () cache slot of the fed token
+    fed = buffers.tokens.index_select(1, (i - 1).view(1))  # (B, 1)
+    if shape.guided:
+        fed = torch.cat([fed, fed])  # (rows, 1): cond rows then uncond rows
+    keys = torch.arange(window, device=fed.device)
+    mask = (keys <= slot) & buffers.key_valid[:, :window] | (keys == slot)  # (rows, window)
+    step = ForwardStep(slot.view(1), buffers.cache, kv_len=window, mask=mask[:, None, None, :])
+    logits = model.logits(model(model.embed_tokens(fed), step)[:, -1])  # (rows, V)
+    uniforms = buffers.uniforms.index_select(0, i.view(1))[0]  # (B,)
+    token = sample_step_tokens(model, logits, shape.sampling, i, uniforms)
+    buffers.tokens.index_copy_(1, i.view(1), token[:, None])
+    buffers.index.add_(1)

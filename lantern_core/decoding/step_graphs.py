@@ -1,0 +1,172 @@
+"""Running static-shape step functions fast: eagerly, or captured once in CUDA graphs and replayed.
+
+A `StepRunner` owns one step shape's static buffers and, on CUDA, one graph per variant of the step (for
+AR, the attention window). `runner_for` keeps one runner per (model, device, dtype, step shape) and reuses
+it across images, seeds and prompts; it captures again when the model's weights moved or were replaced
+(ComfyUI unloaded and reloaded them, or patched them), because a graph replays fixed addresses. `release`
+frees every runner of a model (the nodes call it when ComfyUI unloads the model or frees its caches). A
+capture that fails falls back to eager with one log line; eager and replayed steps run the same code on
+the same buffers, so they give the same tokens.
+
+Why CUDA graphs rather than `torch.compile(mode="reduce-overhead")`: at batch 1 a step is bound by kernel
+launches and Python, which a graph removes entirely; capturing takes milliseconds (compiling a 7B model
+takes minutes, again for every new shape, and inside a ComfyUI session that is a frozen queue), needs no
+compiler toolchain on the user's machine and cannot recompile in the middle of an image. The step
+functions also trace with `torch.compile(fullgraph=True)` (the tests check it), so a compiled variant
+stays one flag away. This module does not choose devices; it follows the buffers'.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Iterable
+
+import torch
+
+from ..errors import ConfigError
+
+log = logging.getLogger("lantern_core.step_graphs")
+
+COMPILE_CHOICES = ("auto", "off")
+MAX_RUNNERS_PER_MODEL = 3  # step shapes kept per model (each holds its own KV cache)
+WARMUP_STEPS = 2
+
+
+def check_compile(choice: str) -> str:
+    if choice not in COMPILE_CHOICES:
+        raise ConfigError("compile", f"one of {list(COMPILE_CHOICES)}", choice)
+    return choice
+
+
+def uses_graphs(choice: str, device: torch.device) -> bool:
+    """'auto' captures on CUDA and runs eagerly elsewhere (CPU, MPS); 'off' always runs eagerly."""
+    return check_compile(choice) == "auto" and torch.device(device).type == "cuda"
+
+
+@dataclass
+class StepRunner:
+    """A step function over static buffers, in variants (for AR, the attention window), each with a CUDA
+    graph once captured: `run(variant)` replays that graph, or calls the step eagerly."""
+
+    step: Callable[[Hashable], None]
+    buffers: Any
+    graphs: dict = field(default_factory=dict)
+    signature: tuple = ()
+    shared: bool = False  # held by the registry across runs: the caller must not release it
+
+    @property
+    def captured(self) -> bool:
+        return bool(self.graphs)
+
+    def run(self, variant: Hashable = None) -> None:
+        graph = self.graphs.get(variant)
+        if graph is not None:
+            graph.replay()
+        else:
+            self.step(variant)
+
+    def release(self) -> None:
+        self.graphs = {}
+        release = getattr(self.buffers, "release", None)
+        if release is not None:
+            release()
+
+
+def weights_signature(model: torch.nn.Module) -> tuple:
+    """Device, dtype and addresses of every parameter and buffer: a graph is valid only while they hold."""
+    tensors = [*model.parameters(), *model.buffers()]
+    first = tensors[0] if tensors else torch.empty(0)
+    return (str(first.device), str(first.dtype), hash(tuple(t.data_ptr() for t in tensors)))
+
+
+def capture(step: Callable[[], None], device: torch.device, pool=None) -> "torch.cuda.CUDAGraph":
+    """Warm `step` up on a side stream, then record it. Warm-up runs real steps: the caller resets the
+    buffers afterwards. Raises what capture raises."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(WARMUP_STEPS):
+            step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        step()
+    torch.cuda.synchronize(device)
+    return graph
+
+
+def capture_variants(runner: StepRunner, variants: Iterable[Hashable], reset: Callable[[], None],
+                     device: torch.device, pool: Callable[[], Any]) -> None:
+    """One graph per variant (in the memory pool `pool()` returns), resetting the buffers before each warm-up
+    and after the last. On any failure: one warning, no graphs, and the runner steps eagerly on the same
+    buffers."""
+    try:
+        pool = pool()
+        for variant in variants:
+            reset()
+            runner.graphs[variant] = capture(lambda: runner.step(variant), device, pool)
+    except Exception as error:  # a capture failure must never fail the image
+        runner.graphs = {}
+        log.warning("CUDA graph capture failed (%s: %s); decoding eagerly", type(error).__name__, error)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize(device)
+    reset()
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.runners: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict]" = weakref.WeakKeyDictionary()
+        self.pools: "weakref.WeakKeyDictionary[torch.nn.Module, Any]" = weakref.WeakKeyDictionary()
+
+
+_REGISTRY = _Registry()
+
+
+def runner_for(model: torch.nn.Module, key: Hashable, build: Callable[[], StepRunner], variants: Iterable[Hashable],
+               reset: Callable[[StepRunner], None], device: torch.device) -> StepRunner:
+    """The cached CUDA-graph runner of `model` for `key`, or a new one from `build()` with every variant
+    captured now. Stale runners (weights moved) are released; at most MAX_RUNNERS_PER_MODEL are kept."""
+    signature = weights_signature(model)
+    with _REGISTRY.lock:
+        runners = _REGISTRY.runners.setdefault(model, OrderedDict())
+        cached = runners.get(key)
+        if cached is not None and cached.signature == signature:
+            runners.move_to_end(key)
+            return cached
+        for old_key in [k for k, r in runners.items() if r.signature != signature or k == key]:
+            runners.pop(old_key).release()
+        while len(runners) >= MAX_RUNNERS_PER_MODEL:
+            runners.popitem(last=False)[1].release()
+        runner = build()
+        runner.signature, runner.shared = signature, True
+        capture_variants(runner, variants, lambda: reset(runner), device, lambda: _pool(model))
+        runners[key] = runner  # kept even when capture failed: one warning, then eager on the same buffers
+        return runner
+
+
+def _pool(model: torch.nn.Module):
+    """The memory pool every graph of `model` shares (called with the registry lock held)."""
+    pool = _REGISTRY.pools.get(model)
+    if pool is None:
+        pool = _REGISTRY.pools[model] = torch.cuda.graph_pool_handle()
+    return pool
+
+
+def release(model: torch.nn.Module) -> int:
+    """Free every captured step of `model` (graphs, their memory pool, static buffers). Returns how many."""
+    with _REGISTRY.lock:
+        runners = _REGISTRY.runners.pop(model, OrderedDict())
+        _REGISTRY.pools.pop(model, None)
+        for runner in runners.values():
+            runner.release()
+        return len(runners)
+
+
+def cached_runners(model: torch.nn.Module) -> int:
+    """How many captured step shapes `model` holds."""
+    with _REGISTRY.lock:
+        return len(_REGISTRY.runners.get(model, ()))

@@ -1,0 +1,218 @@
+"""The static-shape AR step (`decoding/ar_step.py`) and its runners (`decoding/step_graphs.py`): the same
+tokens as a step-by-step reference, graph-safe randomness, a step that traces with
+`torch.compile(fullgraph=True)` and never recompiles after warm-up, and the capture registry's rules
+(reuse, re-capture when weights move, release, eager fallback). CUDA-only checks are marked `cuda`."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import lantern_core.decoding.generate as generate_module
+from lantern_core.conditioning import Condition
+from lantern_core.config import GPTConfig, SamplingConfig
+from lantern_core.decoding import step_graphs
+from lantern_core.decoding.ar_step import (SLOT_BUCKET, ARBuffers, ARShape, ar_step, draw_uniforms_upfront,
+                                           window_for, windows)
+from lantern_core.decoding.generate import generate
+from lantern_core.decoding.sampling import combine_cfg, draw_uniforms, make_generators, pick_tokens
+from lantern_core.errors import ConfigError
+from lantern_core.models.gpt import ForwardStep
+from tiny_models import TINY_C2I, random_gpt
+
+# 12 x 12 = 144 tokens: three attention windows (64, 128, 145 slots)
+WIDE_C2I = GPTConfig(dim=64, n_layer=2, n_head=4, vocab_size=48, model_type="c2i", num_classes=5,
+                     cls_token_num=1, grid_size=12)
+SAMPLED = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=20, top_p=0.95)
+
+
+@torch.no_grad()
+def reference_tokens(model, labels: list[int], sampling: SamplingConfig, seed: int) -> torch.Tensor:
+    """The pre-step decoder's loop, kept as the oracle: a cache sliced to the slots written so far, one
+    `pick_tokens` draw per step from per-sample generators."""
+    generators = make_generators(seed, len(labels))
+    condition = Condition.classes(labels)
+    prefix = model.embed_condition(torch.cat([condition.labels, torch.full_like(condition.labels, 5)]))
+    rows, T = prefix.shape[0], prefix.shape[1]
+    n = model.config.num_image_tokens
+    cache = model.allocate_cache(rows, T + n)
+    positions = torch.arange(T)
+    hidden = model(prefix, ForwardStep(positions, cache, kv_len=T, mask=None))
+    tokens = []
+    for i in range(n):
+        if i:
+            fed = torch.cat([tokens[-1], tokens[-1]])[:, None]
+            pos = T + i - 1
+            hidden = model(model.embed_tokens(fed), ForwardStep(positions.new_tensor([pos]), cache, kv_len=pos + 1))
+        logits = combine_cfg(model.logits(hidden[:, -1]), sampling.cfg_scale)
+        tokens.append(pick_tokens(logits, sampling, generators))
+    return torch.stack(tokens, dim=1)
+
+
+@pytest.mark.parametrize("sampling", [SAMPLED, SamplingConfig(cfg_scale=3.0, temperature=0.0)],
+                         ids=["sampled", "greedy"])
+def test_step_loop_matches_the_step_by_step_reference(sampling):
+    model = random_gpt(WIDE_C2I, seed=3)
+    for seed in range(4):
+        labels = [seed % 5, (seed + 2) % 5]
+        expected = reference_tokens(model, labels, sampling, seed)
+        got = generate(model, Condition.classes(labels), sampling, make_generators(seed, 2), compile="off").tokens
+        assert torch.equal(got, expected), seed
+
+
+def test_uniforms_drawn_up_front_are_the_step_by_step_stream():
+    up_front = draw_uniforms_upfront(make_generators(7, 3), 3, 50, torch.device("cpu"))
+    gens = make_generators(7, 3)
+    assert torch.equal(up_front, torch.stack([draw_uniforms(gens, 3, torch.device("cpu")) for _ in range(50)]))
+    shared = draw_uniforms_upfront(torch.Generator().manual_seed(2), 3, 50, torch.device("cpu"))
+    g = torch.Generator().manual_seed(2)
+    assert torch.equal(shared, torch.stack([draw_uniforms(g, 3, torch.device("cpu")) for _ in range(50)]))
+    with pytest.raises(ValueError, match="one per sample"):
+        draw_uniforms_upfront(make_generators(0, 2), 3, 5, torch.device("cpu"))
+
+
+def test_attention_windows_cover_every_slot_in_few_shapes():
+    slots = 1 + 144
+    assert windows(slots) == [64, 128, 145]
+    for slot in range(slots):
+        w = window_for(slot, slots)
+        assert slot < w <= slots and (w % SLOT_BUCKET == 0 or w == slots)
+
+
+def test_batch_image_i_equals_a_single_run_with_seed_plus_i():
+    model = random_gpt(WIDE_C2I, seed=1)
+    batch = generate(model, Condition.classes([0, 1, 2]), SAMPLED, make_generators(10, 3)).tokens
+    for i in range(3):
+        single = generate(model, Condition.classes([i]), SAMPLED, make_generators(10 + i, 1)).tokens
+        assert torch.equal(batch[i], single[0]), i
+
+
+def test_step_compiles_fullgraph_and_an_image_decodes_without_recompiling(monkeypatch):
+    """torch.compile(fullgraph=True) raises on any graph break, so this proves nothing in the step blocks
+    capture; `error_on_recompile` after a warm-up image proves the shapes and guards are static."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = random_gpt(WIDE_C2I, seed=2)
+    compiled = torch.compile(ar_step, fullgraph=True, backend="aot_eager", dynamic=False)
+    eager = [generate(model, Condition.classes([c]), SAMPLED, make_generators(c, 1), compile="off").tokens
+             for c in (1, 4)]
+    monkeypatch.setattr(generate_module, "ar_step", compiled)
+    warm = generate(model, Condition.classes([1]), SAMPLED, make_generators(1, 1), compile="off").tokens
+    assert torch.equal(warm, eager[0])
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again = generate(model, Condition.classes([4]), SAMPLED, make_generators(4, 1), compile="off").tokens
+    assert torch.equal(again, eager[1])
+    torch._dynamo.reset()
+
+
+def test_compile_choice_is_validated():
+    model = random_gpt(TINY_C2I)
+    with pytest.raises(ConfigError, match="compile"):
+        generate(model, Condition.classes([0]), SAMPLED, make_generators(0, 1), compile="max")
+
+
+class FakeGraph:
+    """Stands in for a CUDA graph on the CPU: replay() runs the step it recorded."""
+
+    def __init__(self, step):
+        self.step = step
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+        self.step()
+
+
+def fake_capture(step, device, pool=None):
+    return FakeGraph(step)
+
+
+def build_runner(model, shape):
+    buffers = ARBuffers.allocate(model, shape)
+    return step_graphs.StepRunner(lambda window: ar_step(model, shape, buffers, window), buffers)
+
+
+def reset(runner):
+    runner.buffers.index.fill_(1)
+    runner.buffers.prefix_len.fill_(1)
+
+
+def test_registry_reuses_a_runner_and_captures_again_when_weights_move(monkeypatch):
+    monkeypatch.setattr(step_graphs, "capture", fake_capture)
+    monkeypatch.setattr(step_graphs, "_pool", lambda model: None)
+    model = random_gpt(TINY_C2I)
+    shape = ARShape(1, 17, 16, SAMPLED)
+    first = step_graphs.runner_for(model, ("ar", shape), lambda: build_runner(model, shape), windows(17), reset, "cpu")
+    assert first.captured and first.shared and list(first.graphs) == [17]
+    assert step_graphs.runner_for(model, ("ar", shape), lambda: build_runner(model, shape), [17], reset, "cpu") is first
+    assert step_graphs.cached_runners(model) == 1
+    model.double()  # new storage: every address the graphs replay is stale
+    second = step_graphs.runner_for(model, ("ar", shape), lambda: build_runner(model, shape), [17], reset, "cpu")
+    assert second is not first and first.buffers.cache.keys.numel() == 0  # the stale runner was released
+    assert step_graphs.release(model) == 1 and step_graphs.cached_runners(model) == 0
+    assert second.buffers.cache.keys.numel() == 0
+
+
+def test_registry_keeps_a_bounded_number_of_shapes(monkeypatch):
+    monkeypatch.setattr(step_graphs, "capture", fake_capture)
+    monkeypatch.setattr(step_graphs, "_pool", lambda model: None)
+    model = random_gpt(TINY_C2I)
+    for batch in range(1, step_graphs.MAX_RUNNERS_PER_MODEL + 3):
+        shape = ARShape(batch, 17, 16, SAMPLED)
+        step_graphs.runner_for(model, ("ar", shape), lambda: build_runner(model, shape), [17], reset, "cpu")
+    assert step_graphs.cached_runners(model) == step_graphs.MAX_RUNNERS_PER_MODEL
+    step_graphs.release(model)
+
+
+def test_capture_failure_falls_back_to_eager_with_one_warning(monkeypatch, caplog):
+    def broken(step, device, pool=None):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(step_graphs, "capture", broken)
+    monkeypatch.setattr(step_graphs, "_pool", lambda model: None)
+    model = random_gpt(TINY_C2I)
+    shape = ARShape(1, 17, 16, SAMPLED)
+    with caplog.at_level(logging.WARNING, logger="lantern_core.step_graphs"):
+        runner = step_graphs.runner_for(model, ("ar", shape), lambda: build_runner(model, shape), [17], reset, "cpu")
+    assert not runner.captured
+    assert [r.message for r in caplog.records if "capture failed" in r.message] and len(caplog.records) == 1
+    before = runner.buffers.index.item()
+    runner.run(17)  # eager on the same buffers
+    assert runner.buffers.index.item() == before + 1
+    step_graphs.release(model)
+
+
+def test_generate_through_a_replaying_runner_gives_the_eager_tokens(monkeypatch):
+    """The captured path's control flow (registry, reset, replay per window) on the CPU, with graphs that
+    replay by calling the step: the same tokens as eager, and the runner is reused for a second image."""
+    monkeypatch.setattr(step_graphs, "capture", fake_capture)
+    monkeypatch.setattr(step_graphs, "_pool", lambda model: None)
+    monkeypatch.setattr(generate_module, "uses_graphs", lambda choice, device: choice == "auto")
+    model = random_gpt(WIDE_C2I, seed=5)
+    for seed in (0, 1):
+        labels = [seed, 3]
+        eager = generate(model, Condition.classes(labels), SAMPLED, make_generators(seed, 2), compile="off").tokens
+        replayed = generate(model, Condition.classes(labels), SAMPLED, make_generators(seed, 2), compile="auto")
+        assert torch.equal(replayed.tokens, eager), seed
+    assert step_graphs.cached_runners(model) == 1
+    (runner,) = step_graphs._REGISTRY.runners[model].values()
+    assert sorted(runner.graphs) == [64, 128, 192] and sum(g.replays for g in runner.graphs.values()) > 0
+    step_graphs.release(model)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_tokens_equal_eager_and_capture_is_reused(dtype):
+    model = random_gpt(WIDE_C2I, seed=4).to("cuda", dtype)
+    for seed in range(3):
+        labels = [seed, 4]
+        gens = lambda: make_generators(seed, 2, "cuda")  # noqa: E731
+        eager = generate(model, Condition.classes(labels, device="cuda"), SAMPLED, gens(), compile="off").tokens
+        graph = generate(model, Condition.classes(labels, device="cuda"), SAMPLED, gens(), compile="auto").tokens
+        assert torch.equal(graph, eager), seed
+    assert step_graphs.cached_runners(model) == 1
+    (runner,) = step_graphs._REGISTRY.runners[model].values()
+    assert runner.captured
+    assert step_graphs.release(model) == 1
