@@ -51,7 +51,7 @@ def test_batch_positions_and_reloads_keep_images(pack, node, mm, monkeypatch, mo
     assert model is not old and model.gpt is not old.gpt  # new modules: nothing can be remembered on the old ones
     calibrations = []  # a second calibration would measure time again and may pick another tree / window
     for module, name in (("speculative", "choose_subtree"), ("jacobi", "choose_window")):
-        target = sys.modules[f"lantern_pack.lantern_core.{module}"]
+        target = sys.modules[f"lantern_pack.lantern_core.decoding.{module}"]
         real = getattr(target, name)
         monkeypatch.setattr(target, name, lambda *a, _real=real, **k: calibrations.append(1) or _real(*a, **k))
     again = tokens(node, model, drafter, mode, seed=70, batch_size=2)

@@ -181,6 +181,7 @@ CONFIG_CONTEXT = {
     "jacobi_init": ("sjd", {"mode": "sjd_relaxed"}),
     "sjd_relaxation": ("sjd", {"mode": "sjd_relaxed"}),
     "gsd_gap": ("sjd", {"mode": "sjd_relaxed", "sjd_relaxation": "gsd"}),
+    "compile": ("base", {"mode": "ar"}),
 }
 IGNORED_TEXT = {("LanternConditioning", "prompt"), ("LanternGenerate", "prompt")}  # c2i models ignore the prompt
 
@@ -270,8 +271,8 @@ SAMPLER_MIN = dict(cfg=0.0, temperature=0.0, top_k=0, top_p=0.01, seed=0, batch_
 SAMPLER_MAX = dict(cfg=30.0, temperature=5.0, top_k=1_000_000, top_p=1.0, seed=2 ** 64 - 1, batch_size=64)
 CFG_OFF = {"LanternSampler": {"cfg": 1.0}}  # one row per image: halves the cost of the big speculative runs
 LIMIT_RUNS = [
-    ("base", {"LanternSampler": SAMPLER_MIN, "LanternDecodingConfig": {"mode": "ar"}}),
-    ("base", {"LanternSampler": SAMPLER_MAX}),
+    ("base", {"LanternSampler": SAMPLER_MIN, "LanternDecodingConfig": {"mode": "ar", "compile": "off"}}),
+    ("base", {"LanternSampler": SAMPLER_MAX, "LanternDecodingConfig": {"mode": "ar", "compile": "auto"}}),
     ("gen", {"LanternGenerate": {**SAMPLER_MIN, "class_name": "coffee"}}),
     ("gen", {"LanternGenerate": {**SAMPLER_MAX, "class_name": "7"}}),
     ("pp", {"LanternDecodingConfig": dict(mode="eagle2", eagle_depth=16, eagle_top_k=64, eagle_nodes=512), **CFG_OFF}),
