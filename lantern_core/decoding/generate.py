@@ -78,9 +78,9 @@ def estimate_run_bytes(config, batch: int, guided: bool, dtype: torch.dtype) -> 
     rows = batch * (2 if guided else 1)
     element = torch.tensor([], dtype=dtype).element_size()
     cache = 2 * config.n_layer * rows * config.n_kv_head * config.max_seq_len * config.head_dim * element
-    prefill = rows * config.cls_token_num * max(config.ffn_dim, 3 * config.dim) * 4 * element
+    prefill_bytes = rows * config.cls_token_num * max(config.ffn_dim, 3 * config.dim) * 4 * element
     logits = rows * config.vocab_size * 4 * 4
-    return cache + prefill + logits
+    return cache + prefill_bytes + logits
 
 
 def synchronize(device: torch.device) -> None:
@@ -109,39 +109,49 @@ class DecodeState:
         return nbytes
 
 
+def prefill(model: ImageTransformer, prefix, cache: KVCache, key_valid: torch.Tensor) -> torch.Tensor:
+    """Write the prefix (rows, T) into slots 0..T-1 of `cache`, marking its padded keys in `key_valid`
+    (rows, max_len; every later slot valid). Returns the prefix's hidden states (rows, T, dim)."""
+    T = prefix.key_valid.shape[1]
+    key_valid.fill_(True)
+    key_valid[:, :T] = prefix.key_valid
+    pos = torch.arange(T, device=key_valid.device)
+    return model(prefix.embeddings, ForwardStep(pos, cache, kv_len=T, mask=attention_mask(key_valid, pos, T)))
+
+
 def prefill_state(model: ImageTransformer, condition: Condition, guided: bool, spare: int) -> tuple[DecodeState, torch.Tensor]:
     """Prefill the condition (rows = [cond; uncond] when guided) into a cache with room for the image plus
     `spare` slots. Returns the state and the prefix's hidden states (rows, T, dim)."""
     prefix = build_prefix(model, condition, guided)
     rows, T = prefix.key_valid.shape
-    device = prefix.embeddings.device
     max_len = T + model.config.num_image_tokens + spare
     cache = model.allocate_cache(rows, max_len)
-    key_valid = torch.ones(rows, max_len, dtype=torch.bool, device=device)
-    key_valid[:, :T] = prefix.key_valid
-    pos = torch.arange(T, device=device)
-    hidden = model(prefix.embeddings, ForwardStep(pos, cache, kv_len=T, mask=attention_mask(key_valid, pos, T)))
+    key_valid = torch.empty(rows, max_len, dtype=torch.bool, device=prefix.embeddings.device)
+    hidden = prefill(model, prefix, cache, key_valid)
     return DecodeState(cache, key_valid, T, prefix.token_ids), hidden
+
+
+def eager_ar_runner(model: ImageTransformer, shape: ARShape) -> StepRunner:
+    """Fresh buffers for `shape` and the step over them, run eagerly (the caller releases the buffers)."""
+    buffers = ARBuffers.allocate(model, shape)
+    return StepRunner(lambda window: ar_step(model, shape, buffers, window), buffers)
+
+
+def reset_for_warmup(runner: StepRunner) -> None:
+    """A valid state for warm-up steps before a capture (index 1, one prefix slot, zero tokens)."""
+    runner.buffers.index.fill_(1)
+    runner.buffers.prefix_len.fill_(1)
+    runner.buffers.tokens.zero_()
 
 
 def ar_runner(model: ImageTransformer, shape: ARShape, compile: str) -> StepRunner:
     """The step runner for `shape`: a cached runner with one CUDA graph per attention window where `compile`
-    allows graphs on this device, else fresh eager buffers (the caller releases them after the run)."""
+    allows graphs on this device, else `eager_ar_runner`."""
     device = model.tok_embeddings.weight.device
-
-    def build() -> StepRunner:
-        buffers = ARBuffers.allocate(model, shape)
-        return StepRunner(lambda window: ar_step(model, shape, buffers, window), buffers)
-
     if not uses_graphs(compile, device):
-        return build()
-
-    def reset(runner: StepRunner) -> None:  # a valid state for warm-up steps (index 1, one prefix slot)
-        runner.buffers.index.fill_(1)
-        runner.buffers.prefix_len.fill_(1)
-        runner.buffers.tokens.zero_()
-
-    return runner_for(model, ("ar", shape), build, windows(shape.slots), reset, device)
+        return eager_ar_runner(model, shape)
+    return runner_for(model, ("ar", shape), lambda: eager_ar_runner(model, shape), windows(shape.slots),
+                      reset_for_warmup, device)
 
 
 @torch.no_grad()
@@ -164,13 +174,9 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
     runner = ar_runner(model, shape, compile)
     buffers: ARBuffers = runner.buffers
     try:
-        buffers.key_valid.fill_(True)
-        buffers.key_valid[:, :T] = prefix.key_valid
         if not sampling.greedy:
             buffers.uniforms.copy_(draw_uniforms_upfront(generator, condition.batch, n_tokens, device))
-        positions = torch.arange(T, device=device)
-        prefill = ForwardStep(positions, buffers.cache, kv_len=T, mask=attention_mask(buffers.key_valid, positions, T))
-        logits = model.logits(model(prefix.embeddings, prefill)[:, -1])  # (rows, V)
+        logits = model.logits(prefill(model, prefix, buffers.cache, buffers.key_valid)[:, -1])  # (rows, V)
         buffers.index.zero_()
         buffers.tokens[:, 0] = sample_step_tokens(model, logits, sampling, buffers.index, buffers.uniforms[0])
         buffers.index.fill_(1)

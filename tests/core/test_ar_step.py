@@ -13,12 +13,13 @@ import lantern_core.decoding.generate as generate_module
 from lantern_core.conditioning import Condition
 from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.decoding import step_graphs
-from lantern_core.decoding.ar_step import (SLOT_BUCKET, ARBuffers, ARShape, ar_step, draw_uniforms_upfront,
+from lantern_core.decoding.ar_step import (SLOT_BUCKET, ARShape, ar_step, draw_uniforms_upfront,
                                            window_for, windows)
-from lantern_core.decoding.generate import generate
+from lantern_core.decoding.generate import eager_ar_runner, generate, reset_for_warmup
 from lantern_core.decoding.sampling import combine_cfg, draw_uniforms, make_generators, pick_tokens
 from lantern_core.errors import ConfigError
 from lantern_core.models.gpt import ForwardStep
+from stand_in_graphs import use_stand_in_graphs
 from tiny_models import TINY_C2I, random_gpt
 
 # 12 x 12 = 144 tokens: three attention windows (64, 128, 145 slots)
@@ -113,55 +114,27 @@ def test_compile_choice_is_validated():
         generate(model, Condition.classes([0]), SAMPLED, make_generators(0, 1), compile="max")
 
 
-class FakeGraph:
-    """Stands in for a CUDA graph on the CPU: replay() runs the step it recorded."""
-
-    def __init__(self, step):
-        self.step = step
-        self.replays = 0
-
-    def replay(self):
-        self.replays += 1
-        self.step()
-
-
-def fake_capture(step, device, pool=None):
-    return FakeGraph(step)
-
-
-def build_runner(model, shape):
-    buffers = ARBuffers.allocate(model, shape)
-    return step_graphs.StepRunner(lambda window: ar_step(model, shape, buffers, window), buffers)
-
-
-def reset(runner):
-    runner.buffers.index.fill_(1)
-    runner.buffers.prefix_len.fill_(1)
-
-
 def test_registry_reuses_a_runner_and_captures_again_when_weights_move(monkeypatch):
-    monkeypatch.setattr(step_graphs, "capture", fake_capture)
-    monkeypatch.setattr(step_graphs, "_pool", lambda model: None)
+    use_stand_in_graphs(monkeypatch, step_graphs)
     model = random_gpt(TINY_C2I)
     shape = ARShape(1, 17, 16, SAMPLED)
-    first = step_graphs.runner_for(model, ("ar", shape), lambda: build_runner(model, shape), windows(17), reset, "cpu")
+    first = step_graphs.runner_for(model, ("ar", shape), lambda: eager_ar_runner(model, shape), windows(17), reset_for_warmup, "cpu")
     assert first.captured and first.shared and list(first.graphs) == [17]
-    assert step_graphs.runner_for(model, ("ar", shape), lambda: build_runner(model, shape), [17], reset, "cpu") is first
+    assert step_graphs.runner_for(model, ("ar", shape), lambda: eager_ar_runner(model, shape), [17], reset_for_warmup, "cpu") is first
     assert step_graphs.cached_runners(model) == 1
     model.double()  # new storage: every address the graphs replay is stale
-    second = step_graphs.runner_for(model, ("ar", shape), lambda: build_runner(model, shape), [17], reset, "cpu")
+    second = step_graphs.runner_for(model, ("ar", shape), lambda: eager_ar_runner(model, shape), [17], reset_for_warmup, "cpu")
     assert second is not first and first.buffers.cache.keys.numel() == 0  # the stale runner was released
     assert step_graphs.release(model) == 1 and step_graphs.cached_runners(model) == 0
     assert second.buffers.cache.keys.numel() == 0
 
 
 def test_registry_keeps_a_bounded_number_of_shapes(monkeypatch):
-    monkeypatch.setattr(step_graphs, "capture", fake_capture)
-    monkeypatch.setattr(step_graphs, "_pool", lambda model: None)
+    use_stand_in_graphs(monkeypatch, step_graphs)
     model = random_gpt(TINY_C2I)
     for batch in range(1, step_graphs.MAX_RUNNERS_PER_MODEL + 3):
         shape = ARShape(batch, 17, 16, SAMPLED)
-        step_graphs.runner_for(model, ("ar", shape), lambda: build_runner(model, shape), [17], reset, "cpu")
+        step_graphs.runner_for(model, ("ar", shape), lambda: eager_ar_runner(model, shape), [17], reset_for_warmup, "cpu")
     assert step_graphs.cached_runners(model) == step_graphs.MAX_RUNNERS_PER_MODEL
     step_graphs.release(model)
 
@@ -170,12 +143,12 @@ def test_capture_failure_falls_back_to_eager_with_one_warning(monkeypatch, caplo
     def broken(step, device, pool=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
+    use_stand_in_graphs(monkeypatch, step_graphs)
     monkeypatch.setattr(step_graphs, "capture", broken)
-    monkeypatch.setattr(step_graphs, "_pool", lambda model: None)
     model = random_gpt(TINY_C2I)
     shape = ARShape(1, 17, 16, SAMPLED)
     with caplog.at_level(logging.WARNING, logger="lantern_core.step_graphs"):
-        runner = step_graphs.runner_for(model, ("ar", shape), lambda: build_runner(model, shape), [17], reset, "cpu")
+        runner = step_graphs.runner_for(model, ("ar", shape), lambda: eager_ar_runner(model, shape), [17], reset_for_warmup, "cpu")
     assert not runner.captured
     assert [r.message for r in caplog.records if "capture failed" in r.message] and len(caplog.records) == 1
     before = runner.buffers.index.item()
@@ -185,10 +158,9 @@ def test_capture_failure_falls_back_to_eager_with_one_warning(monkeypatch, caplo
 
 
 def test_generate_through_a_replaying_runner_gives_the_eager_tokens(monkeypatch):
-    """The captured path's control flow (registry, reset, replay per window) on the CPU, with graphs that
-    replay by calling the step: the same tokens as eager, and the runner is reused for a second image."""
-    monkeypatch.setattr(step_graphs, "capture", fake_capture)
-    monkeypatch.setattr(step_graphs, "_pool", lambda model: None)
+    """The captured path's control flow (registry, reset, replay per window) on the CPU, with stand-in graphs:
+    the same tokens as eager, and the runner is reused for a second image."""
+    use_stand_in_graphs(monkeypatch, step_graphs)
     monkeypatch.setattr(generate_module, "uses_graphs", lambda choice, device: choice == "auto")
     model = random_gpt(WIDE_C2I, seed=5)
     for seed in (0, 1):
