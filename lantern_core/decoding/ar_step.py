@@ -6,8 +6,11 @@ key-validity mask, the token buffer, the uniforms of every step drawn up front, 
 and the prefix length). `ar_step` advances the index by one without a host read, an allocation that
 depends on the step, or a Python branch on a tensor value, so the same call runs eagerly, under
 `torch.compile(fullgraph=True)` and replayed from a CUDA graph (`step_graphs.py`), and all three give the
-same tokens. Attention covers every slot of the cache with a mask (`keys <= slot`), as gpt-fast does, so the
-shapes never change. Prefill, which depends on the prompt's length, stays outside (`generate.py`).
+same tokens. For a captured step, attention covers a window of slots with a mask (`keys <= slot`), as gpt-fast
+does, so the shapes change only at window boundaries; an eager step on a device that never captures may
+instead slice the cache exactly to the fed slot (`exact_window`) and skip the mask when no prefix key is
+padded, which is what the bare forward costs. Prefill, which depends on the prompt's length, stays outside
+(`generate.py`).
 """
 from __future__ import annotations
 
@@ -47,6 +50,11 @@ def window_for(slot: int, slots: int) -> int:
     `SLOT_BUCKET` (capped by the cache), so attention grows with the image in a few fixed shapes instead of
     one shape per token or the whole cache every step."""
     return min(slots, (slot // SLOT_BUCKET + 1) * SLOT_BUCKET)
+
+
+def exact_window(slot: int, slots: int) -> int:
+    """The keys up to and including `slot`: one shape per token, so for eager steps only."""
+    return min(slots, slot + 1)
 
 
 def windows(slots: int) -> list[int]:
@@ -118,18 +126,22 @@ def sample_step_tokens(model: ImageTransformer, logits: torch.Tensor, sampling: 
     return sample_from_probs(probs_from_logits(logits, sampling), uniforms)
 
 
-def ar_step(model: ImageTransformer, shape: ARShape, buffers: ARBuffers, window: int) -> None:
+def ar_step(model: ImageTransformer, shape: ARShape, buffers: ARBuffers, window: int, masked: bool = True) -> None:
     """Feed image token `index - 1`, sample token `index` into `buffers.tokens`, advance `index`, attending
     over the first `window` cache slots (`window_for` of the fed slot; the caller knows it from its loop
-    counter). Shapes depend on `shape` and `window` only; nothing reads the host."""
+    counter). Shapes depend on `shape` and `window` only; nothing reads the host. `masked` False is for
+    eager steps whose window ends exactly at the fed slot over a prefix without padded keys: every key in
+    the window is visible, so the mask is left out."""
     i = buffers.index
     slot = buffers.prefix_len + i - 1  # () cache slot of the fed token
     fed = buffers.tokens.index_select(1, (i - 1).view(1))  # (B, 1)
     if shape.guided:
         fed = torch.cat([fed, fed])  # (rows, 1): cond rows then uncond rows
-    keys = torch.arange(window, device=fed.device)
-    mask = (keys <= slot) & buffers.key_valid[:, :window] | (keys == slot)  # (rows, window)
-    step = ForwardStep(slot.view(1), buffers.cache, kv_len=window, mask=mask[:, None, None, :])
+    mask = None
+    if masked:
+        keys = torch.arange(window, device=fed.device)
+        mask = ((keys <= slot) & buffers.key_valid[:, :window] | (keys == slot))[:, None, None, :]  # (rows, 1, 1, window)
+    step = ForwardStep(slot.view(1), buffers.cache, kv_len=window, mask=mask)
     logits = model.logits(model(model.embed_tokens(fed), step)[:, -1])  # (rows, V)
     uniforms = buffers.uniforms.index_select(0, i.view(1))[0]  # (B,)
     token = sample_step_tokens(model, logits, shape.sampling, i, uniforms)

@@ -20,7 +20,7 @@ from ..config import SamplingConfig
 from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import KVCache, attention_mask
 from .ar_step import (SLOT_BUCKET, ARBuffers, ARShape, ar_step, draw_uniforms_upfront, sample_step_tokens, slots_for,
-                      window_for, windows)
+                      exact_window, window_for, windows)
 from .sampling import Generators
 from .step_graphs import StepRunner, runner_for, uses_graphs
 
@@ -131,10 +131,10 @@ def prefill_state(model: ImageTransformer, condition: Condition, guided: bool, s
     return DecodeState(cache, key_valid, T, prefix.token_ids), hidden
 
 
-def eager_ar_runner(model: ImageTransformer, shape: ARShape) -> StepRunner:
+def eager_ar_runner(model: ImageTransformer, shape: ARShape, masked: bool = True) -> StepRunner:
     """Fresh buffers for `shape` and the step over them, run eagerly (the caller releases the buffers)."""
     buffers = ARBuffers.allocate(model, shape)
-    return StepRunner(lambda window: ar_step(model, shape, buffers, window), buffers)
+    return StepRunner(lambda window: ar_step(model, shape, buffers, window, masked), buffers)
 
 
 def reset_for_warmup(runner: StepRunner) -> None:
@@ -144,12 +144,12 @@ def reset_for_warmup(runner: StepRunner) -> None:
     runner.buffers.tokens.zero_()
 
 
-def ar_runner(model: ImageTransformer, shape: ARShape, compile: str) -> StepRunner:
+def ar_runner(model: ImageTransformer, shape: ARShape, compile: str, masked: bool = True) -> StepRunner:
     """The step runner for `shape`: a cached runner with one CUDA graph per attention window where `compile`
-    allows graphs on this device, else `eager_ar_runner`."""
+    allows graphs on this device, else `eager_ar_runner` (`masked` as in `ar_step`)."""
     device = model.tok_embeddings.weight.device
     if not uses_graphs(compile, device):
-        return eager_ar_runner(model, shape)
+        return eager_ar_runner(model, shape, masked)
     return runner_for(model, ("ar", shape), lambda: eager_ar_runner(model, shape), windows(shape.slots),
                       reset_for_warmup, device)
 
@@ -171,7 +171,11 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
     device = prefix.embeddings.device
     bucket = SLOT_BUCKET if uses_graphs(compile, device) else 1  # one graph serves prompts of similar length
     shape = ARShape(condition.batch, slots_for(T, n_tokens, bucket), n_tokens, sampling)
-    runner = ar_runner(model, shape, compile)
+    # A device that never captures slices the cache exactly (the bare forward's cost); CUDA keeps the
+    # windows with compile off too, so "off" and "auto" give the same tokens there.
+    exact = not uses_graphs("auto", device)
+    window = exact_window if exact else window_for
+    runner = ar_runner(model, shape, compile, masked=not exact or not bool(prefix.key_valid.all()))
     buffers: ARBuffers = runner.buffers
     try:
         if not sampling.greedy:
@@ -185,7 +189,7 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
         if on_step is not None:
             on_step(1, n_tokens, buffers.tokens)
         for i in range(1, n_tokens):
-            runner.run(window_for(T + i - 1, shape.slots))
+            runner.run(window(T + i - 1, shape.slots))
             if on_step is not None:
                 on_step(i + 1, n_tokens, buffers.tokens)
         tokens = buffers.tokens.clone()
