@@ -52,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ar, or training-free speculative Jacobi decoding (exact: same distribution as ar)")
     g.add_argument("--window", default="auto", help="sjd: drafted tokens per forward, or auto (this machine's best)")
     g.add_argument("--compile", default="auto", choices=list(COMPILE_CHOICES),
-                   help="ar: auto replays each decoding step from a captured CUDA graph on a GPU (eager on CPU/MPS; "
-                        "the same tokens); off: always eager")
+                   help="auto replays each decoding step (ar) or iteration (sjd) from a captured CUDA graph on a "
+                        "GPU (eager on CPU/MPS; the same tokens); off: always eager")
     return parser
 
 
@@ -94,7 +94,7 @@ def run_generate(args: argparse.Namespace) -> dict:
 
         window = int(args.window) if args.window.isdigit() else args.window  # a bad value is a ConfigError
         config = JacobiConfig(window, coupled=args.decoding == "sjd_coupled", init="sample_left")
-        result = jacobi_generate(gpt.model, condition, sampling, config, generators)
+        result = jacobi_generate(gpt.model, condition, sampling, config, generators, compile=args.compile)
     with torch.no_grad():
         images = to_unit_range(pipe.vq.model.decode(result.tokens))
     paths = [args.out / f"lantern_{args.seed + i:05d}.png" for i in range(condition.batch)]

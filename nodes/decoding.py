@@ -207,8 +207,8 @@ class LanternDecodingConfig(io.ComfyNode):
                                tooltip="auto: on an NVIDIA GPU each decoding step is captured once as a CUDA "
                                        "graph (per model, batch and shape; a few ms) and replayed, which removes "
                                        "the per-step launch overhead; the same tokens as off. CPUs and Apple GPUs "
-                                       "run eagerly either way. off: always eager (for debugging). Plain ar "
-                                       "uses it today; the speculative modes run eagerly."),
+                                       "run eagerly either way. off: always eager (for debugging). Every mode "
+                                       "uses it: ar steps, draft-tree and Jacobi iterations."),
             ],
             outputs=[LanternDecodingType.Output(display_name="decoding", tooltip="Feed into Lantern: Sampler.")],
         )

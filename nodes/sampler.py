@@ -158,10 +158,10 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
         generators = make_generators(seed, condition.batch, device)
         if jacobi:
             result = jacobi_generate(model.gpt.model, condition, sampling, decoding.spec, generators, neighbors,
-                                     on_step)
+                                     on_step, compile=decoding.compile)
         elif speculative:
             result = speculative_generate(model.gpt.model, decoding.drafter.drafter.model, condition, sampling,
-                                          decoding.spec, generators, neighbors, on_step)
+                                          decoding.spec, generators, neighbors, on_step, compile=decoding.compile)
         else:
             result = generate(model.gpt.model, condition, sampling, generators, on_step, compile=decoding.compile)
     payload = stats_payload(result, decoding, descriptions)

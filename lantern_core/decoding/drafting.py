@@ -20,6 +20,7 @@ from ..models.drafter import EagleDrafter
 from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import attention_mask
 from .tree import TreeBuffers, TreeSpec, build_tree_buffers
+from .tree_attention import window_mask
 
 
 class NodeDistribution(Protocol):
@@ -44,43 +45,68 @@ class DraftTree:
 
 
 class DrafterSession:
-    """The drafter's cache for one image's rows ([cond; uncond] with CFG). Slot s holds pair (f_s, x_{s+1})."""
+    """The drafter's cache for one image's rows ([cond; uncond] with CFG). Slot s holds pair (f_s, x_{s+1}).
+
+    `length` (committed slots) and `root_feature` are device buffers updated in place, so a captured
+    iteration reads and writes the same memory on every replay. `known` mirrors the length on the host
+    while it is known there (after exact consumes); forwards given an explicit `window` never need it."""
 
     def __init__(self, drafter: EagleDrafter, rows: int, max_len: int, key_valid: torch.Tensor):
         self.drafter = drafter
         self.cache = drafter.allocate_cache(rows, max_len)
         self.key_valid = key_valid  # (rows, >= max_len) bool, shared with the target
-        self.length = 0
-        self.root_feature: torch.Tensor | None = None  # (rows, dim): f^ predicting the root's children
-        self.forwards = 0
+        device = key_valid.device
+        self.length = torch.zeros((), dtype=torch.long, device=device)
+        self.known: int | None = 0
+        # f^ predicting the root's children
+        self.root_feature = torch.zeros(rows, drafter.config.dim, dtype=self.cache.keys.dtype, device=device)
         self._last_row = drafter.rope_table.shape[0] - 1
 
-    def consume(self, features: torch.Tensor, tokens: torch.Tensor, embeddings: torch.Tensor | None = None) -> None:
+    def reset(self, length: int = 0) -> None:
+        self.length.fill_(length)
+        self.known = length
+        self.root_feature.zero_()
+
+    def _window(self, extent: int, window: int | None) -> int:
+        if window is not None:
+            return window
+        if self.known is None:
+            raise ValueError("the drafter's length lives on the device only: pass a window")
+        return self.known + extent
+
+    def consume(self, features: torch.Tensor, tokens: torch.Tensor, embeddings: torch.Tensor | None = None,
+                count: torch.Tensor | None = None, window: int | None = None) -> None:
         """features (rows, T, dim), tokens (rows, T): append T accepted pairs, keep the last prediction.
-        `embeddings` (rows, T, dim) replaces the token embeddings (see `prefix_inputs`)."""
+        `embeddings` (rows, T, dim) replaces the token embeddings (see `prefix_inputs`). With `count` (a (1,)
+        device tensor <= T) only the first `count` pairs are real: all T are written (the rest land past
+        the new length, stale), the prediction of pair count-1 is kept and the length grows by `count`;
+        `window` (>= length + T) is then the static extent attended over."""
         T = tokens.shape[1]
-        slots = torch.arange(self.length, self.length + T, device=tokens.device)
-        step = ForwardStep(slots.clamp(max=self._last_row), self.cache, kv_len=self.length + T,
-                           mask=attention_mask(self.key_valid, slots, self.length + T), slots=slots)
-        out = self.drafter(features, tokens, step, embeddings)
-        self.root_feature = out[:, -1]
-        self.length += T
-        self.forwards += 1
+        kv_len = self._window(T, window)
+        slots = self.length + torch.arange(T, device=tokens.device)
+        step = ForwardStep(slots.clamp(max=self._last_row), self.cache, kv_len=kv_len,
+                           mask=attention_mask(self.key_valid, slots, kv_len), slots=slots)
+        out = self.drafter(features, tokens, step, embeddings)  # (rows, T, dim)
+        if count is None:
+            self.root_feature.copy_(out[:, -1])
+            self.length.add_(T)
+            self.known = None if self.known is None else self.known + T
+        else:
+            self.root_feature.copy_(out.index_select(1, count.view(1) - 1)[:, 0])
+            self.length.add_(count.view(()))
+            self.known = None
 
     def expand(self, features: torch.Tensor, tokens: torch.Tensor, depth: int, node_ids: torch.Tensor,
-               ancestry: torch.Tensor) -> torch.Tensor:
+               ancestry: torch.Tensor, window: int | None = None) -> torch.Tensor:
         """Run tree nodes: features/tokens (rows, T, ...), all at tree `depth`; node ids (T,) >= 1 pick the
-        slots length + id - 1; ancestry (T, n) or per tree (G, T, n) bool over nodes 1..n.
-        Returns predicted features (rows, T, dim)."""
+        slots length + id - 1; ancestry (T, n) or per tree (G, T, n) bool over nodes 1..n; `window`
+        (>= length + n) the keys attended over. Returns predicted features (rows, T, dim)."""
         rows, T = tokens.shape
         n = ancestry.shape[-1]
-        L = self.length
-        prefix = self.key_valid[:, None, :L].expand(rows, T, L)
-        tree = ancestry[None].expand(rows, T, n) if ancestry.dim() == 2 else per_row(ancestry, rows)
-        mask = torch.cat([prefix, tree], dim=-1)[:, None]  # (rows, 1, T, L + n)
-        positions = torch.full((T,), min(L + depth - 1, self._last_row), device=tokens.device)
-        step = ForwardStep(positions, self.cache, kv_len=L + n, mask=mask, slots=L + node_ids - 1)
-        self.forwards += 1
+        kv_len = self._window(n, window)
+        mask = window_mask(self.key_valid, self.length, ancestry, kv_len)  # (rows, 1, T, kv_len)
+        positions = (self.length + (depth - 1)).clamp(max=self._last_row).expand(T)
+        step = ForwardStep(positions, self.cache, kv_len=kv_len, mask=mask, slots=self.length + node_ids - 1)
         return self.drafter(features, tokens, step)
 
 
@@ -103,12 +129,14 @@ def per_row(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x.repeat(rows // x.shape[0], *([1] * (x.dim() - 1)))
 
 
-def sample_without_replacement(log_q: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
+def sample_without_replacement(log_q: torch.Tensor, count: int, generator: torch.Generator | None,
+                               noise: torch.Tensor | None = None) -> torch.Tensor:
     """log_q (P, V) -> (P, count) tokens drawn without replacement, in draw order: Gumbel-top-k in the
     log domain (log q - log E, E ~ Exp(1), torch's own race for multinomial, without leaving the log
     domain), so the k-th column is distributed as the k-th draw of sequential sampling from q, even
     where q is below float32's range. Tokens with log q = -inf come last (callers mark them invalid)."""
-    noise = torch.empty(log_q.shape, dtype=torch.float32, device=log_q.device).exponential_(generator=generator)
+    if noise is None:  # else Exp(1) draws of shape log_q.shape, made before a captured step
+        noise = torch.empty(log_q.shape, dtype=torch.float32, device=log_q.device).exponential_(generator=generator)
     return (log_q.float() - noise.log()).topk(count, dim=-1).indices
 
 
@@ -154,11 +182,24 @@ def plan_static_tree(spec: TreeSpec, device: torch.device) -> StaticPlan:
                       move(rank_of), move(expand_at), width_at)
 
 
+def index_tensor(index: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An image-token index (a Python int, or a () / (1,) device tensor) as a (1,) long tensor."""
+    return torch.as_tensor(index, device=device).reshape(1)
+
+
+def noise_shapes(plan: StaticPlan, trees: int, vocab: int) -> list[tuple[int, int]]:
+    """Shapes of the Exp(1) draws one sampled static tree takes, depth by depth (`draft_static`'s `noise`)."""
+    return [(trees * plan.parents_at[d].numel(), vocab) for d in range(1, plan.spec.depth + 1)]
+
+
 def draft_static(session: DrafterSession, target: ImageTransformer, plan: StaticPlan, root_tokens: torch.Tensor,
-                 root_index: int, distribution: NodeDistribution, greedy: bool,
-                 generator: torch.Generator | None) -> DraftTree:
+                 root_index: int | torch.Tensor, distribution: NodeDistribution, greedy: bool,
+                 generator: torch.Generator | None, noise: list[torch.Tensor] | None = None,
+                 window: int | None = None) -> DraftTree:
     """Fill G static trees (root_tokens (G,)): children of each node sampled without replacement from its
-    drafter distribution (top-c when greedy). root_index = image-token index of the root tokens."""
+    drafter distribution (top-c when greedy). root_index = image-token index of the root tokens (an int or
+    a device tensor). `noise` (shapes `noise_shapes`) replaces the per-depth draws from `generator`;
+    `window` is the drafter's static attention extent (see `DrafterSession.expand`)."""
     b = plan.buffers
     n1 = b.parents.shape[0]
     rows, dim = session.root_feature.shape
@@ -168,20 +209,21 @@ def draft_static(session: DrafterSession, target: ImageTransformer, plan: Static
     tokens[:, 0] = root_tokens
     feats = session.root_feature.new_zeros(rows, n1, dim)
     feats[:, 0] = session.root_feature
-    root_q = distribution.log_probs(target.logits(session.root_feature[:, None]),
-                                    torch.tensor([root_index + 1], device=device))
+    root_index = index_tensor(root_index, device)
+    root_q = distribution.log_probs(target.logits(session.root_feature[:, None]), root_index + 1)
     log_q = root_q.new_full((G, n1, root_q.shape[-1]), float("-inf"))
     log_q[:, 0] = root_q[:, 0]
     for d in range(1, plan.spec.depth + 1):
         parents, nodes, width = plan.parents_at[d], plan.nodes_at[d], plan.width_at[d]
         qp = log_q[:, parents].reshape(G * parents.numel(), -1)  # (G*P, V)
-        drawn = qp.topk(width, dim=-1).indices if greedy else sample_without_replacement(qp, width, generator)
+        drawn = qp.topk(width, dim=-1).indices if greedy else sample_without_replacement(
+            qp, width, generator, None if noise is None else noise[d - 1])
         drawn = drawn.view(G, parents.numel(), width)
         tokens[:, nodes] = drawn[:, plan.row_of[d], plan.rank_of[d]]
         grow = plan.expand_at[d]
         if grow.numel():
             out = session.expand(feats[:, b.parents[grow]], per_row(tokens[:, grow], rows), d, grow,
-                                 b.mask[grow][:, 1:])
+                                 b.mask[grow][:, 1:], window)
             feats[:, grow] = out
             log_q[:, grow] = distribution.log_probs(target.logits(out), root_index + 1 + b.depths[grow])
     return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, None if greedy else log_q)
@@ -195,16 +237,17 @@ class DynamicShape:
 
 
 def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: DynamicShape, root_tokens: torch.Tensor,
-                  root_index: int, distribution: NodeDistribution) -> DraftTree:
+                  root_index: int | torch.Tensor, distribution: NodeDistribution,
+                  window: int | None = None) -> DraftTree:
     """EAGLE-2 for G trees (root_tokens (G,)): expand the top-k frontier by cumulative log-probability,
-    then keep the best `nodes` of every tree."""
+    then keep the best `nodes` of every tree. `root_index` and `window` as in `draft_static`."""
     K, D = shape.top_k, shape.depth
     rows, dim = session.root_feature.shape
     G = root_tokens.shape[0]
     device = root_tokens.device
     gi = torch.arange(G, device=device)[:, None]
-    logq = distribution.log_probs(target.logits(session.root_feature[:, None]),
-                                  torch.tensor([root_index + 1], device=device))[:, 0]  # (G, V)
+    root_index = index_tensor(root_index, device)
+    logq = distribution.log_probs(target.logits(session.root_feature[:, None]), root_index + 1)[:, 0]  # (G, V)
     score, tok = logq.topk(K, dim=-1)  # (G, K)
     pool_tok, pool_score = [tok], [score]
     pool_parent = [torch.full((G, K), -1, dtype=torch.long, device=device)]  # pool index of the parent, -1 root
@@ -215,8 +258,8 @@ def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: Dyna
     created = K
     for level in range(2, D + 1):
         slots = torch.arange((level - 2) * K, (level - 1) * K, device=device)  # this frontier's slots
-        out = session.expand(feat_in, per_row(tok, rows), level - 1, slots + 1, ancestry)
-        child = distribution.log_probs(target.logits(out), torch.full((K,), root_index + level, device=device))
+        out = session.expand(feat_in, per_row(tok, rows), level - 1, slots + 1, ancestry, window)
+        child = distribution.log_probs(target.logits(out), (root_index + level).expand(K))
         c_score, c_tok = child.topk(K, dim=-1)  # (G, K, K) log-probabilities
         c_score = (score[..., None] + c_score).reshape(G, K * K)  # cumulative
         c_tok = c_tok.reshape(G, K * K)

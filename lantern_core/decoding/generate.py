@@ -91,24 +91,6 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-@dataclass
-class DecodeState:
-    """A static KV cache with one image's condition prefilled, for the speculative decoders: `length` slots
-    are committed; a decoder writes drafts after them and rolls a rejected tail back by the length alone
-    (stale slots are overwritten)."""
-
-    cache: KVCache
-    key_valid: torch.Tensor  # (rows, max_len), False for padded prefix slots
-    length: int
-    prefix_ids: torch.Tensor | None = None  # (rows, length) prompt token ids of prompted families
-
-    def release(self) -> int:
-        """Free the cache; returns the bytes it held."""
-        nbytes = self.cache.nbytes
-        self.cache.release()
-        return nbytes
-
-
 def prefill(model: ImageTransformer, prefix, cache: KVCache, key_valid: torch.Tensor) -> torch.Tensor:
     """Write the prefix (rows, T) into slots 0..T-1 of `cache`, marking its padded keys in `key_valid`
     (rows, max_len; every later slot valid). Returns the prefix's hidden states (rows, T, dim)."""
@@ -119,25 +101,13 @@ def prefill(model: ImageTransformer, prefix, cache: KVCache, key_valid: torch.Te
     return model(prefix.embeddings, ForwardStep(pos, cache, kv_len=T, mask=attention_mask(key_valid, pos, T)))
 
 
-def prefill_state(model: ImageTransformer, condition: Condition, guided: bool, spare: int) -> tuple[DecodeState, torch.Tensor]:
-    """Prefill the condition (rows = [cond; uncond] when guided) into a cache with room for the image plus
-    `spare` slots. Returns the state and the prefix's hidden states (rows, T, dim)."""
-    prefix = build_prefix(model, condition, guided)
-    rows, T = prefix.key_valid.shape
-    max_len = T + model.config.num_image_tokens + spare
-    cache = model.allocate_cache(rows, max_len)
-    key_valid = torch.empty(rows, max_len, dtype=torch.bool, device=prefix.embeddings.device)
-    hidden = prefill(model, prefix, cache, key_valid)
-    return DecodeState(cache, key_valid, T, prefix.token_ids), hidden
-
-
 def eager_ar_runner(model: ImageTransformer, shape: ARShape, masked: bool = True) -> StepRunner:
     """Fresh buffers for `shape` and the step over them, run eagerly (the caller releases the buffers)."""
     buffers = ARBuffers.allocate(model, shape)
     return StepRunner(lambda window: ar_step(model, shape, buffers, window, masked), buffers)
 
 
-def reset_for_warmup(runner: StepRunner) -> None:
+def reset_for_warmup(runner: StepRunner, variant=None) -> None:
     """A valid state for warm-up steps before a capture (index 1, one prefix slot, zero tokens)."""
     runner.buffers.index.fill_(1)
     runner.buffers.prefix_len.fill_(1)

@@ -31,18 +31,20 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .acceptance import absorbed_set, normalise
-from ..conditioning import Condition
+from ..conditioning import Condition, build_prefix
 from ..config import SamplingConfig
 from ..errors import ConfigError
-from .generate import DecodeState, GenerationResult, StepCallback, prefill_state, synchronize
+from .ar_step import SLOT_BUCKET, slots_for
+from .generate import GenerationResult, StepCallback, prefill, synchronize
+from .jacobi_step import (JacobiContext, JacobiShape, JacobiState, band_start, draw_jacobi_noise, jacobi_bands,
+                          jacobi_iteration, jacobi_window_extent, judge_run)
 from .jacobi_window import WindowChoice, choose_window, target_costs
-from ..models.gpt import ForwardStep, ImageTransformer
-from ..models.kv_cache import attention_mask
-from .relaxation import Grouping, Relaxation, group_mass, relax
+from ..models.gpt import ImageTransformer
+from .relaxation import Grouping, Relaxation
 from .sampling import Generators, generator_for, sample_from_probs
 from ..layout import extend_neighbors
 from .speculative import NodeDistributions, RunTally, check_neighbors, weights_digest
+from .step_graphs import StepRunner, runner_for, uses_graphs
 
 INITS = ("random", "sample_left", "repeat_left", "repeat_above")
 
@@ -89,24 +91,6 @@ class JacobiConfig:
         return name
 
 
-def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Where a rejected draft's position is resampled from: normalise(max(0, p - q)) (p if that is empty)."""
-    return normalise((p - q).clamp(min=0), p)
-
-
-# ---------------------------------------------------------------------------------------------- cache
-
-
-def forward_window(model: ImageTransformer, state: DecodeState, feed: torch.Tensor) -> torch.Tensor:
-    """Feed tokens (n,) at the committed length (written, not committed) -> logits (rows, n, V)."""
-    rows = state.key_valid.shape[0]
-    n = feed.numel()
-    slots = torch.arange(state.length, state.length + n, device=feed.device)
-    step = ForwardStep(slots, state.cache, kv_len=state.length + n,
-                       mask=attention_mask(state.key_valid, slots, state.length + n))
-    return model.logits(model(model.embed_tokens(feed[None].expand(rows, -1)), step))
-
-
 # ------------------------------------------------------------------------------------------ acceptance
 
 
@@ -121,114 +105,11 @@ def judge_window(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, uniform
                  config: JacobiConfig, neighbors: torch.Tensor | None, relaxable: torch.Tensor | None = None,
                  greedy: bool = False) -> WindowVerdict:
     """p (w+1, V) target at each window position, q (w, V) the drafts' distributions, drafts (w,),
-    uniforms (w+1,): the acceptance tests of every position at once (vectorised), then the leading run.
-    Relaxed / grouped rules apply where `relaxable` (w,) is True (default: everywhere); other
-    positions are judged exactly."""
-    w = drafts.numel()
-    rows = torch.arange(w, device=p.device)
-    gain = torch.zeros(w, dtype=p.dtype, device=p.device)
-    count = None
-    if greedy:
-        ok = drafts == p[:w].argmax(-1)
-    else:
-        q_x = q[rows, drafts]
-        target, draft = p[rows, drafts], q_x
-        if relaxable is None:
-            relaxable = torch.ones(w, dtype=torch.bool, device=p.device)
-        if config.relaxation is not None:
-            mass = relax(p[:w], drafts, neighbors, config.relaxation)
-            count = torch.where(relaxable, mass.count, torch.zeros_like(mass.count))
-            gain = torch.where(relaxable, mass.absorbed, gain)
-            target = target + gain
-        elif config.grouping is not None:
-            group = group_mass(p[:w], q, drafts, neighbors, config.grouping)
-            target = torch.where(relaxable, group.target, target)
-            draft = torch.where(relaxable, group.draft, draft)
-            gain = target - p[rows, drafts]
-        ok = uniforms[:w] * draft < target  # u < target / draft without dividing (draft > 0 for a drawn token)
-    a = int(ok.long().cumprod(0).sum())  # the one host read per iteration
-    if greedy:
-        token = p[a:a + 1].argmax(-1)
-    elif a < w:
-        q_row = q[a:a + 1]
-        if count is not None and config.relaxation.k > 0:  # LANTERN: the absorbed set leaves q, as in the tree walk
-            q_row = q_row.masked_fill(absorbed_set(drafts[a:a + 1], count[a:a + 1], neighbors,
-                                                   config.relaxation.k, p.shape[-1]), 0.0)
-        token = sample_from_probs(residual_distribution(p[a:a + 1], q_row), uniforms[w:])
-    else:
-        token = sample_from_probs(p[a:a + 1], uniforms[w:])
-    return WindowVerdict(a, token, gain[:a])
-
-
-# ---------------------------------------------------------------------------------------------- drafts
-
-
-class DraftWindow:
-    """The W drafts ahead of the emitted prefix and the distributions they were drawn from. `canvas`
-    holds emitted tokens followed by the current drafts (what the repeat initialisations copy)."""
-
-    def __init__(self, config: JacobiConfig, window: int, model: ImageTransformer, greedy: bool,
-                 generator: torch.Generator | None, device: torch.device):
-        N, V = model.config.num_image_tokens, model.config.vocab_size
-        self.config, self.W, self.V, self.grid = config, window, V, model.config.row_stride
-        self.greedy, self.generator = greedy, generator
-        self.canvas = torch.zeros(N + window + 1, dtype=torch.long, device=device)
-        self.uniform = torch.full((window, V), 1.0 / V, device=device)
-        self.gumbel = None
-        if config.coupled and not greedy:  # one noise row per absolute image position
-            u = torch.rand(N + window + 1, V, generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
-            self.gumbel = -(-u.log()).log()
-        self.tokens = torch.empty(0, dtype=torch.long, device=device)
-        self.q = torch.empty(0, V, device=device)
-        self.proposed = torch.empty(0, dtype=torch.bool, device=device)
-
-    def emit(self, start: int, tokens: torch.Tensor) -> None:
-        self.canvas[start:start + tokens.numel()] = tokens
-
-    def _draw(self, probs: torch.Tensor, start: int) -> torch.Tensor:
-        """One token per row of probs (n, V) for positions start..: argmax when greedy, Gumbel-max with
-        the positions' noise when coupled, else inverse-CDF sampling with fresh uniforms."""
-        if self.greedy:
-            return probs.argmax(-1)
-        if self.gumbel is not None:
-            return (probs.clamp(min=0).log() + self.gumbel[start:start + probs.shape[0]]).argmax(-1)
-        return sample_from_probs(probs, torch.rand(probs.shape[0], generator=self.generator, device=probs.device))
-
-    def refill(self, done: int, carried: torch.Tensor, latest: torch.Tensor) -> None:
-        """New drafts for positions done..done+W-1: the first rows re-drawn from `carried` (c, V), the
-        model's latest prediction for them (Jacobi update); the rest initialised (`sample_left` draws
-        them from `latest` (V,), the prediction for the furthest position the model has seen)."""
-        c = carried.shape[0]
-        tokens = self._draw(carried, done)
-        self.canvas[done:done + c] = tokens
-        n, start = self.W - c, done + c
-        if self.config.init == "random":
-            fresh, q = self._draw(self.uniform[:n], start), self.uniform[:n]
-        elif self.config.init == "sample_left":
-            q = latest[None].expand(n, -1)
-            fresh = self._draw(q, start)
-        else:
-            self._repeat(start, n)
-            fresh = self.canvas[start:start + n]
-            q = torch.nn.functional.one_hot(fresh, self.V).to(self.uniform.dtype)  # point masses
-        self.canvas[start:start + n] = fresh
-        self.tokens, self.q = torch.cat([tokens, fresh]), torch.cat([carried, q])
-        self.proposed = torch.arange(self.W, device=carried.device) < c  # drawn from the model's own prediction
-
-    def _repeat(self, start: int, n: int) -> None:
-        """canvas[start:start+n] = copies of the token to the left (or above; left on the first row)."""
-        end, G = start + n, self.grid
-        if self.config.init == "repeat_above":
-            pos = start
-            while pos < end and pos < G:  # first image row: nothing above
-                self.canvas[pos] = self.canvas[pos - 1]
-                pos += 1
-            while pos < end:  # whole rows at a time: the source lies at least G back
-                stop = min(end, pos + G)
-                self.canvas[pos:stop] = self.canvas[pos - G:stop - G]
-                pos = stop
-        else:
-            self.canvas[start:end] = self.canvas[start - 1]
+    uniforms (w+1,): `jacobi_step.judge_run` over a full window, with the accepted count read on the host."""
+    width = torch.tensor(drafts.numel(), device=p.device)
+    verdict = judge_run(p, q, drafts, uniforms, width, config, neighbors, relaxable, greedy)
+    a = int(verdict.accepted)
+    return WindowVerdict(a, verdict.token, verdict.gain[:a])
 
 
 # ---------------------------------------------------------------------------------------------- decoding
@@ -237,9 +118,10 @@ class DraftWindow:
 @torch.no_grad()
 def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
                     generator: Generators = None, neighbors: torch.Tensor | None = None,
-                    on_step: StepCallback | None = None) -> GenerationResult:
+                    on_step: StepCallback | None = None, compile: str = "auto") -> GenerationResult:
     """Sample `condition.batch` images with speculative Jacobi decoding; image i uses generator[i].
-    `neighbors` (V, >= k) is needed for relaxation / grouping with k > 0."""
+    `neighbors` (V, >= k) is needed for relaxation / grouping with k > 0. `compile` "auto" replays each
+    iteration from a CUDA graph on CUDA (`jacobi_step.py`); "off" runs eagerly."""
     start = time.perf_counter()
     device = model.tok_embeddings.weight.device
     neighbors = extend_neighbors(model.config, check_neighbors(config.neighbor_k, neighbors, device))
@@ -256,59 +138,77 @@ def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: Sam
             if on_step is not None:
                 on_step(_i * N + done, B * N, tokens[_i:_i + 1])
         _decode_one(model, condition.row(i), sampling, replace(config, window=window), generator_for(generator, i),
-                    neighbors, tokens[i], per_cell[i], tally, report)
+                    neighbors, tokens[i], per_cell[i], tally, report, compile)
     synchronize(device)
     stats = tally.to_stats(B, N, time.perf_counter() - start, config.describe(window) + note)
     return GenerationResult(tokens, stats, per_cell)
 
 
+def jacobi_runner(model: ImageTransformer, shape: JacobiShape, dist: NodeDistributions,
+                  neighbors: torch.Tensor | None, compile: str) -> StepRunner:
+    """The iteration runner for `shape`: cached, with one CUDA graph per window band, where `compile` allows
+    graphs on this device; else fresh eager buffers (the caller releases them)."""
+    device = model.tok_embeddings.weight.device
+
+    def build() -> StepRunner:
+        state = JacobiState.allocate(model, shape, neighbors)
+        context = JacobiContext(model, shape, dist)
+        return StepRunner(lambda window: jacobi_iteration(context, state, window), state)
+
+    if not uses_graphs(compile, device):
+        return build()
+    return runner_for(model, ("jacobi", shape), build, jacobi_bands(shape),
+                      lambda runner, window: runner.buffers.reset_for_warmup(band_start(window, shape) if window else 0),
+                      device)
+
+
 def _decode_one(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
                 generator: torch.Generator | None, neighbors: torch.Tensor | None, out: torch.Tensor,
-                per_cell: torch.Tensor, tally: RunTally, report) -> None:
-    """Decode one image into `out` (N,) with an integer window."""
+                per_cell: torch.Tensor, tally: RunTally, report, compile: str = "off") -> None:
+    """Decode one image into `out` (N,) with an integer window: eager prefill and first token, then a loop of
+    `jacobi_iteration`s (captured on CUDA), reading the number of tokens done once per iteration."""
     t0 = time.perf_counter()
     N, W = model.config.num_image_tokens, config.window
     dist = NodeDistributions(sampling, sampling.uses_cfg, model.constrain_logits)
-    state, hidden = prefill_state(model, condition, sampling.uses_cfg, spare=W + 1)
-    device = hidden.device
-
-    def target(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """(rows, n, V) logits -> (n, V) what the sampler samples from (softmax of the CFG mix when greedy)."""
-        return (dist.combine(logits, index).softmax(-1) if sampling.greedy else dist(logits, index))[0]
-
+    prefix = build_prefix(model, condition, sampling.uses_cfg)
+    rows, T = prefix.key_valid.shape
+    device = prefix.embeddings.device
+    bucket = SLOT_BUCKET if uses_graphs(compile, device) else 1
+    exact = not uses_graphs("auto", device)  # never captured here: the forward sees exactly its keys
+    shape = JacobiShape(rows, slots_for(T, N + W + 1, bucket), N, sampling, config)
+    runner = jacobi_runner(model, shape, dist, neighbors, compile)
+    state: JacobiState = runner.buffers
     try:
-        first_p = target(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long, device=device))  # (1, V)
+        state.reset_counters()
+        if state.neighbors is not None:
+            state.neighbors.copy_(neighbors)
+        hidden = prefill(model, prefix, state.cache, state.key_valid)
+        first_p = JacobiContext(model, shape, dist).target(model.logits(hidden[:, -1:]),
+                                                           torch.zeros(1, dtype=torch.long, device=device))  # (1, V)
         first = first_p.argmax(-1) if sampling.greedy else \
             sample_from_probs(first_p, torch.rand(1, generator=generator, device=device))
         out[0] = first[0]
-        drafts = DraftWindow(config, W, model, sampling.greedy, generator, device)
-        drafts.emit(0, first)
+        state.start_image(T, first, first_p[0])
+        if state.gumbel is not None:  # coupled: one noise row per absolute image position, drawn per image
+            u = torch.rand(state.gumbel.shape, generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
+            state.gumbel.copy_(-(-u.log()).log())
         tally.prefill_s += time.perf_counter() - t0
         report(1)
-        done = 1
-        drafts.refill(done, first_p[:0], first_p[0])
+        done, accepted, width = 1, 0, 0
         while done < N:
             w = min(W, N - done)  # never draft past the last image token
-            logits = forward_window(model, state, torch.cat([out[done - 1:done], drafts.tokens[:w]]))  # (rows, w+1, V)
-            index = done + torch.arange(w + 1, device=device)  # image position each row predicts
-            p = target(logits, index)  # (w+1, V)
-            uniforms = None if sampling.greedy else torch.rand(w + 1, generator=generator, device=device)
-            verdict = judge_window(p, drafts.q[:w], drafts.tokens[:w], uniforms, config, neighbors,
-                                   drafts.proposed[:w], sampling.greedy)
-            a = verdict.accepted
-            emitted = torch.cat([drafts.tokens[:a], verdict.token])
-            take = min(a + 1, N - done)
-            out[done:done + take] = emitted[:take]
-            per_cell[done:done + take] = a + 1
-            drafts.emit(done, emitted[:take])
-            state.length += a + 1  # rollback: the rejected tail's slots are overwritten next time
-            done += take
-            tally.record(verdict.accepted, verdict.absorbed)
-            report(done)
-            if done < N:
-                drafts.refill(done, p[a + 1:w + 1], p[w])  # Jacobi update for the positions the model just predicted
+            draw_jacobi_noise(state, shape, generator, width - accepted, w)
+            runner.run(jacobi_window_extent(T + done - 1, shape, exact))
+            now = int(state.done)  # the one host read per iteration
+            accepted, width, done = now - done - 1, w, now
+            out.copy_(state.canvas[:N])
+            report(min(done, N))
+        per_cell.copy_(state.per_cell[:N])
+        tally.add_run(state)
     finally:
-        tally.cache_bytes = max(tally.cache_bytes, state.release())
+        tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
+        if not runner.shared:
+            state.release()
 
 
 # ---------------------------------------------------------------------------------------------- auto window

@@ -4,8 +4,10 @@ multiplicative bound), with sampling or greedy decoding.
 
 One image at a time (rows = [cond; uncond] with CFG, sharing tokens); a batch of N is N runs with the
 caller's per-sample generators, so it matches plain `generate` seed for seed in distribution. Per
-iteration: draft a tree, verify it in one target forward against the static KV cache, walk it
-(`tree_walk.py`), compact the accepted path in place, feed the accepted features to the drafter. The
+iteration (`tree_step.py`, static shapes, replayed from a CUDA graph with compile "auto" on CUDA): draft a
+tree, verify it in one target forward against the static KV cache, walk it (`tree_walk.py`), compact the
+accepted path in place, feed the accepted features to the drafter; this module prefills, chooses the
+tree and loops, reading the number of tokens done once per iteration. The
 acceptance test always sees the CFG-combined, temperature/top-k/top-p-filtered distribution, and the
 drafter proposes from its own logits under the same CFG and filters. This module does not pick devices
 or load files.
@@ -20,21 +22,21 @@ from typing import Literal
 
 import torch
 
-from ..conditioning import Condition
+from ..conditioning import Condition, build_prefix
 from ..config import SamplingConfig
-from .drafting import (DraftTree, DrafterSession, DynamicShape, draft_dynamic, draft_static, per_row, prefix_inputs,
-                       plan_static_tree)
+from .ar_step import SLOT_BUCKET, slots_for
+from .drafting import DynamicShape, StaticPlan, plan_static_tree, prefix_inputs
 from ..errors import ConfigError
 from ..layout import extend_neighbors
-from .generate import GenerationResult, GenerationStats, StepCallback, generate, prefill_state, synchronize
+from .generate import GenerationResult, GenerationStats, StepCallback, generate, prefill, synchronize
 from ..models.drafter import EagleDrafter
 from ..models.gpt import ImageTransformer
 from .relaxation import Relaxation
 from .sampling import Generators, filter_logits, generator_for, pick_tokens
+from .step_graphs import StepRunner, runner_for, uses_graphs
 from .tree import NAIVE_EXTEND_57, TreeSpec
-from .tree_attention import commit_path, forward_tree
 from .tree_select import CostCurve, choose_subtree, measure_costs, node_rates, tree_rate
-from .tree_walk import WalkResult, walk_tree
+from .tree_step import TreeContext, TreeShape, TreeState, band_windows, draw_iteration_noise, tree_iteration, tree_windows
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,7 @@ def _costs(model: ImageTransformer, drafter: EagleDrafter, rows: int) -> CostCur
 
 
 def _calibrate(model: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
-               spec: SpeculativeConfig, neighbors: torch.Tensor | None) -> tuple[TreeSpec, str]:
+               spec: SpeculativeConfig, neighbors: torch.Tensor | None, compile: str) -> tuple[TreeSpec, str]:
     """Decode one scratch image on the base tree (fixed seed, output discarded) to measure each node's
     acceptance, measure the cost curve, choose the sub-tree and remember it. Seeds of the user's images
     are untouched, so every image of every run uses the same tree: same seed, same image. The same
@@ -210,13 +212,24 @@ def _calibrate(model: ImageTransformer, drafter: EagleDrafter, condition: Condit
     scratch = RunTally(device, by_node=torch.zeros(spec.static_tree.num_nodes + 1, dtype=torch.long, device=device))
     out = torch.empty(N, dtype=torch.long, device=device)
     cells = torch.ones(N, dtype=torch.int32, device=device)
+    plan = plan_static_tree(spec.static_tree, device)
+
+    def decode_base(tally: RunTally) -> None:
+        _decode_one(model, drafter, condition, sampling, spec, plan, torch.Generator(device=device).manual_seed(0),
+                    neighbors, out, cells, tally, lambda done: None, compile)
+
+    def decode_ar() -> None:
+        generate(model, condition, sampling, torch.Generator(device=device).manual_seed(0), compile=compile)
+
+    if uses_graphs(compile, device):  # capture both outside the clock (users replay kept graphs)
+        decode_base(RunTally(device, by_node=torch.zeros_like(scratch.by_node)))
+        decode_ar()
     start = time.perf_counter()
-    _decode_one(model, drafter, condition, sampling, spec, plan_static_tree(spec.static_tree, device),
-                torch.Generator(device=device).manual_seed(0), neighbors, out, cells, scratch, lambda done: None)
+    decode_base(scratch)
     synchronize(device)
     base_measured = N / (time.perf_counter() - start)
     start = time.perf_counter()
-    generate(model, condition, sampling, torch.Generator(device=device).manual_seed(0))
+    decode_ar()
     synchronize(device)
     ar_measured = N / (time.perf_counter() - start)
     rows = 2 if sampling.uses_cfg else 1
@@ -262,15 +275,22 @@ class RunTally:
             max_absorbed=float(self.absorbed_max),
             accepted_by_node=[] if self.by_node is None else self.by_node.tolist(), tree=tree)
 
-    def record(self, accepted: int, absorbed: torch.Tensor) -> None:
-        """One verification that accepted `accepted` drafts, each using `absorbed` (accepted,) relaxed mass."""
-        while len(self.histogram) <= accepted:
-            self.histogram.append(0)
-        self.histogram[accepted] += 1
-        if absorbed.numel():
-            self.absorbed_sum += absorbed.sum()
-            self.absorbed_max = torch.maximum(self.absorbed_max, absorbed.max())
-            self.relaxed += (absorbed > 0).sum()
+    def add_run(self, state) -> None:
+        """Fold one image's device counters in (a `TreeState` or `JacobiState`: `histogram`, `absorbed` (sum,
+        max), `relaxed`, and for trees `by_node`); one read of the histogram per image."""
+        counts = state.histogram.tolist()
+        while counts and counts[-1] == 0:
+            counts.pop()
+        for accepted, count in enumerate(counts):
+            while len(self.histogram) <= accepted:
+                self.histogram.append(0)
+            self.histogram[accepted] += count
+        self.absorbed_sum += state.absorbed[0]
+        self.absorbed_max = torch.maximum(self.absorbed_max, state.absorbed[1])
+        self.relaxed += state.relaxed
+        if self.by_node is not None:
+            self.by_node += state.by_node[: self.by_node.numel()]
+        self.drafter_forwards += (1 + sum(counts) * state.forwards_per_iteration) if state.forwards_per_iteration else 0
 
 
 def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
@@ -287,8 +307,9 @@ def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device
 @torch.no_grad()
 def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
                          spec: SpeculativeConfig, generator: Generators = None, neighbors: torch.Tensor | None = None,
-                         on_step: StepCallback | None = None) -> GenerationResult:
-    """Speculatively sample `condition.batch` images' tokens. `neighbors` (V, >= k) is needed for relaxation."""
+                         on_step: StepCallback | None = None, compile: str = "auto") -> GenerationResult:
+    """Speculatively sample `condition.batch` images' tokens. `neighbors` (V, >= k) is needed for relaxation.
+    `compile` "auto" replays each iteration from a CUDA graph on CUDA (`tree_step.py`); "off" runs eagerly."""
     neighbors = extend_neighbors(model.config, check_neighbors(spec.relaxation.k if spec.relaxation else 0, neighbors,
                                 model.tok_embeddings.weight.device))
     start = time.perf_counter()
@@ -308,7 +329,7 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
             cached = _auto_choice(model, drafter, sampling, spec)
             fresh = cached is None
             if fresh:  # calibrate once per drafter and sampling setting, on a scratch image
-                cached = _calibrate(model, drafter, condition.row(0), sampling, spec, neighbors)
+                cached = _calibrate(model, drafter, condition.row(0), sampling, spec, neighbors, compile)
             chosen, note = cached
             tree_name = f"{chosen.name} (auto, of {spec.static_tree.name}{'; calibrated in this run' if fresh else ''}; {note})"
         plan = plan_static_tree(chosen or spec.static_tree, device)
@@ -318,81 +339,72 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
             if on_step is not None:
                 on_step(_i * N + done, B * N, tokens[_i:_i + 1])
         _decode_one(model, drafter, condition.row(i), sampling, spec, plan,
-                    generator_for(generator, i), neighbors, tokens[i], per_cell[i], tally, report)
+                    generator_for(generator, i), neighbors, tokens[i], per_cell[i], tally, report, compile)
     synchronize(device)
     stats = tally.to_stats(B, N, time.perf_counter() - start, tree_name)
     return GenerationResult(tokens, stats, per_cell)
 
 
+def tree_runner(model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape, plan: StaticPlan | None,
+                dist: NodeDistributions, neighbors: torch.Tensor | None, compile: str) -> StepRunner:
+    """The iteration runner for `shape`: cached, with one CUDA graph per window band, where `compile` allows
+    graphs on this device; else fresh eager buffers (the caller releases them)."""
+    device = model.tok_embeddings.weight.device
+
+    def build() -> StepRunner:
+        state = TreeState.allocate(model, drafter, shape, plan, neighbors)
+        context = TreeContext(model, drafter, shape, plan, dist)
+        return StepRunner(lambda windows: tree_iteration(context, state, windows), state)
+
+    if not uses_graphs(compile, device):
+        return build()
+    return runner_for(model, ("tree", shape, id(drafter)), build, band_windows(shape),
+                      lambda runner, windows: runner.buffers.reset_for_warmup(windows.start if windows else 0),
+                      device, also=(drafter,))
+
+
 def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neighbors,
-                out: torch.Tensor, per_cell: torch.Tensor, tally: RunTally, report) -> None:
+                out: torch.Tensor, per_cell: torch.Tensor, tally: RunTally, report, compile: str = "off") -> None:
+    """One image: eager prefill and first token, then a loop of `tree_iteration`s (captured on CUDA), reading
+    the number of tokens done once per iteration."""
     config = model.config
     N = config.num_image_tokens
     guided = sampling.uses_cfg
     dist = NodeDistributions(sampling, guided, model.constrain_logits)
     t0 = time.perf_counter()
-    state, hidden = prefill_state(model, condition, guided, spare=spec.cache_spare)
-    cache, key_valid, T = state.cache, state.key_valid, state.length
-    rows, max_len = key_valid.shape
-    device = hidden.device
-    session = None
+    prefix = build_prefix(model, condition, guided)
+    rows, T = prefix.key_valid.shape
+    device = prefix.embeddings.device
+    bucket = SLOT_BUCKET if uses_graphs(compile, device) else 1
+    exact = not uses_graphs("auto", device)  # never captured here: each forward sees exactly its keys
+    shape = TreeShape(rows, slots_for(T, N + spec.cache_spare, bucket), N, sampling,
+                      spec.dynamic if plan is None else plan.spec, spec.relaxation)
+    runner = tree_runner(model, drafter, shape, plan, dist, neighbors, compile)
+    state: TreeState = runner.buffers
     try:
+        state.reset_counters()
+        if state.neighbors is not None:
+            state.neighbors.copy_(neighbors)
+        hidden = prefill(model, prefix, state.cache, state.key_valid)
         first = pick_tokens(dist.combine(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long, device=device))[:, 0],
                             sampling, generator)
+        state.start_image(T, first[:1])
+        state.session.reset(0)
+        fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first[:1], rows, T)
+        state.session.consume(hidden, fed, embeddings)  # pairs (f_s, x_{s+1}) over the prefix; the last holds the first token
         out[0] = first[0]
-        session = DrafterSession(drafter, rows, max_len, key_valid)
-        fed, embeddings = prefix_inputs(drafter, model, state.prefix_ids, first[:1], rows, T)
-        session.consume(hidden, fed, embeddings)  # pairs (f_s, x_{s+1}) over the prefix; the last holds the first token
         tally.prefill_s += time.perf_counter() - t0
         report(1)
-        length, done = T, 1
+        done = 1
         while done < N:
-            root = out[done - 1:done]  # (G=1,)
-            if plan is not None:  # static or auto
-                tree = draft_static(session, model, plan, root, done - 1, dist, sampling.greedy, generator)
-            else:
-                tree = draft_dynamic(session, model, spec.dynamic, root, done - 1, dist)
-            check = verify_tree(model, cache, key_valid, length, tree, dist, spec, generator, neighbors, done - 1)
-            accepted = int(check.walk.accepted[0])  # the one host sync per iteration: the path length
-            path = check.walk.path[0, : accepted + 1]
-            absorbed = check.walk.absorbed[0, :accepted]
-            bonus, hidden = check.walk.bonus[:1], check.hidden
-            new = torch.cat([tree.tokens[0, path[1:]], bonus])  # (a + 1,)
-            take = min(new.numel(), N - done)
-            out[done:done + take] = new[:take]
-            per_cell[done:done + take] = new.numel()
-            length = commit_path(cache, length, path)
-            session.consume(hidden[:, path], new[None].expand(rows, -1))
-            done += take
-            tally.record(accepted, absorbed)
-            if tally.by_node is not None:
-                tally.by_node.index_add_(0, path, torch.ones_like(path))
-            report(done)
+            draw_iteration_noise(state, generator)
+            runner.run(tree_windows(T + done - 1, shape, exact))
+            done = int(state.done)  # the one host read per iteration
+            out.copy_(state.tokens[:N])
+            report(min(done, N))
+        per_cell.copy_(state.per_cell[:N])
+        tally.add_run(state)
     finally:
-        tally.cache_bytes = max(tally.cache_bytes, cache.nbytes + (session.cache.nbytes if session else 0))
-        cache.release()
-        if session is not None:
-            tally.drafter_forwards += session.forwards
-            session.cache.release()
-
-
-@dataclass
-class Verification:
-    walk: WalkResult  # per tree: accepted path, count, bonus, relaxed mass
-    hidden: torch.Tensor  # (rows, n+1, dim) target features at every node (the drafter's next inputs)
-
-
-def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length: int, tree: DraftTree,
-                dist: NodeDistributions, spec: SpeculativeConfig, generator: torch.Generator | None,
-                neighbors: torch.Tensor | None, root_index: int) -> Verification:
-    """One target forward over G trees (rows = G, or 2G with CFG) at cache length `length`, then the walk."""
-    rows, G = key_valid.shape[0], tree.tokens.shape[0]
-    hidden = forward_tree(model, cache, key_valid, length, per_row(tree.tokens, rows), tree)
-    logits = model.logits(hidden)  # (rows, n+1, V)
-    index = root_index + 1 + tree.depths
-    greedy = dist.sampling.greedy
-    target = dist.combine(logits, index) if greedy else dist(logits, index)  # (G, n+1, V)
-    uniforms = torch.rand((G, tree.depth, tree.children.shape[-1] + 1), generator=generator, device=logits.device)
-    walk = walk_tree(target, tree.children, tree.tokens, tree.depth, uniforms, tree.log_q, greedy,
-                     spec.relaxation, neighbors)
-    return Verification(walk, hidden)
+        tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
+        if not runner.shared:
+            state.release()

@@ -56,6 +56,7 @@ class StepRunner:
     graphs: dict = field(default_factory=dict)
     signature: tuple = ()
     shared: bool = False  # held by the registry across runs: the caller must not release it
+    also: tuple = ()  # ids of the other modules the graphs read (e.g. the drafter): releasing one drops them
 
     @property
     def captured(self) -> bool:
@@ -82,15 +83,19 @@ def weights_signature(model: torch.nn.Module) -> tuple:
     return (str(first.device), str(first.dtype), hash(tuple(t.data_ptr() for t in tensors)))
 
 
-def capture(step: Callable[[], None], device: torch.device, pool=None) -> "torch.cuda.CUDAGraph":
-    """Warm `step` up on a side stream, then record it. Warm-up runs real steps: the caller resets the
-    buffers afterwards. Raises what capture raises."""
+def capture(step: Callable[[], None], device: torch.device, pool=None,
+            prepare: Callable[[], None] = lambda: None) -> "torch.cuda.CUDAGraph":
+    """Warm `step` up on a side stream, then record it. Warm-up runs real steps, each after `prepare()` (which
+    puts the buffers in a valid state, outside the recording); the caller resets the buffers afterwards.
+    Raises what capture raises."""
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         for _ in range(WARMUP_STEPS):
+            prepare()
             step()
     torch.cuda.current_stream(device).wait_stream(stream)
+    prepare()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         step()
@@ -98,22 +103,21 @@ def capture(step: Callable[[], None], device: torch.device, pool=None) -> "torch
     return graph
 
 
-def capture_variants(runner: StepRunner, variants: Iterable[Hashable], reset: Callable[[], None],
+def capture_variants(runner: StepRunner, variants: Iterable[Hashable], reset: Callable[[Hashable | None], None],
                      device: torch.device, pool: Callable[[], Any]) -> None:
-    """One graph per variant (in the memory pool `pool()` returns), resetting the buffers before each warm-up
-    and after the last. On any failure: one warning, no graphs, and the runner steps eagerly on the same
-    buffers."""
+    """One graph per variant (in the memory pool `pool()` returns), with `reset(variant)` before each warm-up
+    step and the recording, and `reset(None)` after the last. On any failure: one warning, no graphs, and
+    the runner steps eagerly on the same buffers."""
     try:
         pool = pool()
         for variant in variants:
-            reset()
-            runner.graphs[variant] = capture(lambda: runner.step(variant), device, pool)
+            runner.graphs[variant] = capture(lambda: runner.step(variant), device, pool, lambda: reset(variant))
     except Exception as error:  # a capture failure must never fail the image
         runner.graphs = {}
         log.warning("CUDA graph capture failed (%s: %s); decoding eagerly", type(error).__name__, error)
         if torch.cuda.is_available():
             torch.cuda.synchronize(device)
-    reset()
+    reset(None)
 
 
 class _Registry:
@@ -127,10 +131,13 @@ _REGISTRY = _Registry()
 
 
 def runner_for(model: torch.nn.Module, key: Hashable, build: Callable[[], StepRunner], variants: Iterable[Hashable],
-               reset: Callable[[StepRunner], None], device: torch.device) -> StepRunner:
+               reset: Callable[[StepRunner, Hashable | None], None], device: torch.device,
+               also: tuple[torch.nn.Module, ...] = ()) -> StepRunner:
     """The cached CUDA-graph runner of `model` for `key`, or a new one from `build()` with every variant
-    captured now. Stale runners (weights moved) are released; at most MAX_RUNNERS_PER_MODEL are kept."""
-    signature = weights_signature(model)
+    captured now (`reset(runner, variant)` readies the buffers for a variant's warm-up). Stale runners (the
+    weights of `model` or of a module in `also`, e.g. the drafter, moved) are released; at most
+    MAX_RUNNERS_PER_MODEL are kept."""
+    signature = (weights_signature(model), *(weights_signature(m) for m in also))
     with _REGISTRY.lock:
         runners = _REGISTRY.runners.setdefault(model, OrderedDict())
         cached = runners.get(key)
@@ -142,8 +149,8 @@ def runner_for(model: torch.nn.Module, key: Hashable, build: Callable[[], StepRu
         while len(runners) >= MAX_RUNNERS_PER_MODEL:
             runners.popitem(last=False)[1].release()
         runner = build()
-        runner.signature, runner.shared = signature, True
-        capture_variants(runner, variants, lambda: reset(runner), device, lambda: _pool(model))
+        runner.signature, runner.shared, runner.also = signature, True, tuple(id(m) for m in also)
+        capture_variants(runner, variants, lambda variant: reset(runner, variant), device, lambda: _pool(model))
         runners[key] = runner  # kept even when capture failed: one warning, then eager on the same buffers
         return runner
 
@@ -157,11 +164,15 @@ def _pool(model: torch.nn.Module):
 
 
 def release(model: torch.nn.Module) -> int:
-    """Free every captured step of `model` (graphs, their memory pool, static buffers). Returns how many."""
+    """Free every captured step of `model` (graphs, their memory pool, static buffers), and every captured step
+    of another model that reads `model` too (a drafter's trees). Returns how many."""
     with _REGISTRY.lock:
-        runners = _REGISTRY.runners.pop(model, OrderedDict())
+        runners = list(_REGISTRY.runners.pop(model, OrderedDict()).values())
         _REGISTRY.pools.pop(model, None)
-        for runner in runners.values():
+        for held in _REGISTRY.runners.values():
+            for key in [k for k, r in held.items() if id(model) in r.also]:
+                runners.append(held.pop(key))
+        for runner in runners:
             runner.release()
         return len(runners)
 

@@ -13,28 +13,44 @@ from ..models.gpt import ForwardStep, LlamaGenGPT
 from ..models.kv_cache import KVCache
 
 
-def tree_mask(key_valid: torch.Tensor, length: int, buffers) -> torch.Tensor:
-    """(rows, 1, n+1, length + n+1) bool: prefix keys by validity, tree keys by ancestry. The ancestry
-    mask is (n+1, n+1) shared by every row, or (G, n+1, n+1) per tree (rows = [cond trees; uncond trees])."""
-    rows, n1 = key_valid.shape[0], buffers.mask.shape[-1]
-    prefix = key_valid[:, None, :length].expand(rows, n1, length)
-    m = buffers.mask.to(key_valid.device)
-    tree = m[None].expand(rows, n1, n1) if m.dim() == 2 else m.repeat(rows // m.shape[0], 1, 1)
-    return torch.cat([prefix, tree], dim=-1)[:, None]
+def window_mask(key_valid: torch.Tensor, length: int | torch.Tensor, ancestry: torch.Tensor,
+                window: int) -> torch.Tensor:
+    """(rows, 1, T, window) bool for T queries written after `length` committed slots: every valid slot below
+    `length`, plus the slots length + j (j < n) where `ancestry` (T, n), or per tree (G, T, n), is True.
+    `length` may be a () device tensor (the mask then never reads the host); slots from length + n to
+    `window` are hidden, so one window serves every length up to window - n."""
+    rows, n = key_valid.shape[0], ancestry.shape[-1]
+    keys = torch.arange(window, device=key_valid.device)
+    prefix = key_valid[:, :window] & (keys < length)  # (rows, window)
+    rel = keys - length  # (window,) offset of each key from the first tree slot
+    tree = ancestry.to(key_valid.device).index_select(-1, rel.clamp(0, n - 1)) & ((rel >= 0) & (rel < n))
+    tree = tree[None] if tree.dim() == 2 else tree.repeat(rows // tree.shape[0], 1, 1)  # (1|rows, T, window)
+    return (prefix[:, None, :] | tree)[:, None]
 
 
-def forward_tree(model: LlamaGenGPT, cache: KVCache, key_valid: torch.Tensor, length: int,
-                 tokens: torch.Tensor, buffers) -> torch.Tensor:
+def tree_mask(key_valid: torch.Tensor, length: int, buffers, window: int | None = None) -> torch.Tensor:
+    """(rows, 1, n+1, window) bool: prefix keys by validity, tree keys by ancestry (`window` defaults to
+    length + n+1, the exact extent). The ancestry mask is (n+1, n+1) shared by every row, or (G, n+1, n+1)
+    per tree (rows = [cond trees; uncond trees])."""
+    n1 = buffers.mask.shape[-1]
+    return window_mask(key_valid, length, buffers.mask, length + n1 if window is None else window)
+
+
+def forward_tree(model: LlamaGenGPT, cache: KVCache, key_valid: torch.Tensor, length: int | torch.Tensor,
+                 tokens: torch.Tensor, buffers, window: int | None = None) -> torch.Tensor:
     """tokens (rows, n+1) in tree order -> final hidden states (rows, n+1, dim); writes their K/V.
-    `buffers` is a TreeBuffers or DraftTree: depths (n+1,) or per tree (G, n+1), and the ancestry mask."""
+    `buffers` is a TreeBuffers or DraftTree: depths (n+1,) or per tree (G, n+1), and the ancestry mask.
+    `length` may be a () device tensor with a static `window` (>= length + n+1) of keys to attend over."""
     device = tokens.device
     rows, n1 = tokens.shape
+    if window is None:
+        window = length + n1
     depths = buffers.depths.to(device)
     if depths.dim() == 2:
         depths = depths.repeat(rows // depths.shape[0], 1)  # (rows, n+1)
     positions = (length + depths).clamp(max=model.rope_table.shape[0] - 1)  # siblings share a RoPE row
     slots = length + torch.arange(n1, device=device)
-    step = ForwardStep(positions, cache, kv_len=length + n1, mask=tree_mask(key_valid, length, buffers), slots=slots)
+    step = ForwardStep(positions, cache, kv_len=window, mask=tree_mask(key_valid, length, buffers, window), slots=slots)
     return model(model.embed_tokens(tokens), step)
 
 
@@ -43,3 +59,10 @@ def commit_path(cache: KVCache, length: int, path: torch.Tensor) -> int:
     return the new valid length. Slots past it are stale and are overwritten by the next forward."""
     cache.compact(length + path, length)
     return length + path.numel()
+
+
+def commit_padded_path(cache: KVCache, length: torch.Tensor, path: torch.Tensor) -> None:
+    """`commit_path` for a fixed-size path (depth+1,) padded with -1 after the accepted nodes, with the
+    length a () device tensor: every entry is copied (padding copies the root past the new length, where
+    it is stale and overwritten later), and `length` is not advanced here (the caller adds the count)."""
+    cache.compact(length + path.clamp(min=0), length)

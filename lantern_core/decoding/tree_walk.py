@@ -64,7 +64,9 @@ def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.T
     absorbed = torch.zeros(B, depth, device=device)
     residual = target[:, 0].clone()
     C = children.shape[-1]
-    cpu = device.type == "cpu"  # host reads are free there: stop at the first depth where every row has stopped
+    # host reads are free on the CPU: stop at the first depth where every row has stopped (not while
+    # torch.compile traces, where a read would break the graph; the extra depths change nothing)
+    cpu = device.type == "cpu" and not torch.compiler.is_compiling()
     for d in range(depth):
         if cpu and d > 0 and not bool(alive.any()):
             break

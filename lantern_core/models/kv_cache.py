@@ -45,10 +45,10 @@ class KVCache:
         """Drop the buffers (the object stays valid but empty); used in `finally` after a run."""
         self.keys = self.values = torch.empty(0)
 
-    def compact(self, source_slots: torch.Tensor, dest_start: int) -> None:
-        """Copy the entries at `source_slots` (n,) to dest_start .. dest_start+n-1 in every layer."""
-        n = source_slots.numel()
-        dest = torch.arange(dest_start, dest_start + n, device=source_slots.device)
+    def compact(self, source_slots: torch.Tensor, dest_start: int | torch.Tensor) -> None:
+        """Copy the entries at `source_slots` (n,) to dest_start .. dest_start+n-1 in every layer
+        (`dest_start` an int or a () device tensor)."""
+        dest = dest_start + torch.arange(source_slots.numel(), device=source_slots.device)
         for buf in (self.keys, self.values):
             picked = buf.index_select(3, source_slots)  # (L, B, H, n, D)
             buf.index_copy_(3, dest, picked)

@@ -11,8 +11,10 @@ from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
 from lantern_core.errors import ConfigError
 from lantern_core.decoding.generate import generate
-from lantern_core.decoding.generate import prefill_state
-from lantern_core.decoding.jacobi import INITS, DraftWindow, JacobiConfig, forward_window, jacobi_generate
+from lantern_core.conditioning import build_prefix
+from lantern_core.decoding.generate import prefill
+from lantern_core.decoding.jacobi import INITS, JacobiConfig, jacobi_generate
+from lantern_core.decoding.jacobi_step import JacobiContext, JacobiShape, JacobiState, forward_window, refill
 from lantern_core.decoding.jacobi_window import choose_window, curve_sizes, expected_tokens
 from lantern_core.decoding.neighbors import build_neighbors
 from lantern_core.decoding.relaxation import Grouping, Relaxation
@@ -64,6 +66,23 @@ def test_same_seed_same_tokens_and_batch_equals_single_runs(c2i):
         assert sum(a.stats.accepted_histogram) == a.stats.iterations == a.stats.forward_passes - 2
         other = jacobi_generate(model, cond, sampling, config, make_generators(70, 2), neighbors)
         assert not torch.equal(other.tokens, a.tokens)
+
+
+class _State:
+    """A prefilled cache with a host-side committed length (what `forward_window` reads)."""
+
+    def __init__(self, model, cond, spare):
+        prefix = build_prefix(model, cond, True)
+        rows, self.length = prefix.key_valid.shape
+        max_len = self.length + model.config.num_image_tokens + spare
+        self.cache = model.allocate_cache(rows, max_len)
+        self.key_valid = torch.empty(rows, max_len, dtype=torch.bool)
+        prefill(model, prefix, self.cache, self.key_valid)
+
+
+def prefill_state(model, cond, guided, spare):
+    assert guided
+    return _State(model, cond, spare), None
 
 
 def test_rollback_equals_recompute():
@@ -120,18 +139,24 @@ def test_relaxed_runs_spend_at_most_their_budget_and_accept_more(c2i, rule):
 
 
 def test_initialisations_copy_left_and_above():
+    """The static refill's copy initialisations (copies of copies resolved in a fixed number of steps)."""
     model, _ = conditions("c2i")  # grid 4 x 4
-    G = model.config.grid_size
-    empty = torch.empty(0, model.config.vocab_size)
+    G, V = model.config.grid_size, model.config.vocab_size
+    sampling = SamplingConfig(cfg_scale=2.0, temperature=1.0)
     for init, expect in (("repeat_left", lambda canvas, n: canvas[n - 1]),
                          ("repeat_above", lambda canvas, n: canvas[n - G] if n >= G else canvas[n - 1])):
-        window = DraftWindow(JacobiConfig(6, init=init), 6, model, False, torch.Generator().manual_seed(0), "cpu")
-        window.emit(0, torch.arange(10, 10 + 7))  # 7 emitted tokens
-        window.refill(7, empty, torch.full((model.config.vocab_size,), 1.0 / model.config.vocab_size))
-        for j in range(6):
-            assert int(window.tokens[j]) == int(expect(window.canvas, 7 + j)), (init, j)
-            assert float(window.q[j, window.tokens[j]]) == 1.0 and float(window.q[j].sum()) == 1.0
-        assert not window.proposed.any()
+        for emitted in (2, 7):  # the window starts inside the first image row, or past it
+            shape = JacobiShape(2, 40, model.config.num_image_tokens, sampling, JacobiConfig(6, init=init))
+            state = JacobiState.allocate(model, shape, None)
+            state.start_image(1, torch.tensor(10), torch.full((V,), 1.0 / V))
+            state.canvas[:emitted] = torch.arange(10, 10 + emitted)
+            state.done.fill_(emitted)
+            refill(JacobiContext(model, shape, None), state)
+            for j in range(6):
+                assert int(state.drafts[j]) == int(expect(state.canvas, emitted + j)), (init, emitted, j)
+                assert int(state.canvas[emitted + j]) == int(state.drafts[j])
+                assert float(state.q[j, state.drafts[j]]) == 1.0 and float(state.q[j].sum()) == 1.0
+            assert not state.proposed.any()
 
 
 def test_auto_window_follows_the_cost_curve():

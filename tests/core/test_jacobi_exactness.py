@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-import lantern_core.decoding.jacobi as jacobi
+import lantern_core.decoding.jacobi_step as jacobi_step
 from lantern_core.conditioning import Condition
 from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
@@ -71,6 +71,6 @@ def test_jacobi_samples_the_autoregressive_law(model, name):
 
 @pytest.mark.parametrize("name", ["sjd", "coupled", "sjd repeat_above"])
 def test_the_same_test_rejects_a_residual_that_ignores_the_draft(model, name, monkeypatch):
-    monkeypatch.setattr(jacobi, "residual_distribution", lambda p, q: p)  # resample from p: biased
+    monkeypatch.setattr(jacobi_step, "residual_distribution", lambda p, q: p)  # resample from p: biased
     p, _ = pvalue(model, LOSSLESS[name], seed=5, samples=5_000)  # a quarter of the samples already suffices
     assert p < 1e-6, p

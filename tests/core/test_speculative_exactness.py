@@ -16,7 +16,8 @@ from lantern_core.decoding.drafting import DrafterSession, DynamicShape, draft_d
 from lantern_core.models.gpt import ForwardStep
 from lantern_core.models.kv_cache import attention_mask
 from lantern_core.decoding.sampling import sample_from_probs
-from lantern_core.decoding.speculative import NodeDistributions, SpeculativeConfig, verify_tree
+from lantern_core.decoding.speculative import NodeDistributions, SpeculativeConfig
+from lantern_core.decoding.tree_step import verify_tree
 from lantern_core.decoding.tree import NAIVE_EXTEND_57
 from tests.tiny_models import random_drafter, random_gpt
 from tests.wrong_rules import residual_forgotten

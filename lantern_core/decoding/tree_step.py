@@ -1,0 +1,251 @@
+"""The static-shape speculative iteration over a draft tree: draft (one drafter forward per level), verify
+(one target forward over the tree), walk, commit the accepted path, feed it to the drafter, all with
+every value that changes between iterations held in device tensors.
+
+`TreeState` holds what an iteration reads and writes (both KV caches, the committed length, the number of
+image tokens done, the output buffer padded by one tree path, the noise the iteration consumes and the
+run counters). `tree_iteration` changes shapes only with `TreeShape` and the `TreeWindows` it is given,
+never reads the host and never branches on a tensor value, so one call runs eagerly, under
+`torch.compile(fullgraph=True)` or replayed from a CUDA graph (`step_graphs.py`). Accepted paths have a
+fixed size (depth + 1, padded past the accepted count): the padded tail is written where the next
+iteration overwrites it. Randomness is drawn by `draw_iteration_noise` before each iteration, outside any
+captured region, in the order and shapes the step-by-step decoder drew it, so the same seed gives the same
+tokens eagerly and captured. The decode loop, prefill and tree choice live in `speculative.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import SamplingConfig
+from ..models.drafter import EagleDrafter
+from ..models.gpt import ImageTransformer
+from ..models.kv_cache import KVCache
+from .ar_step import SLOT_BUCKET
+from .drafting import (DraftTree, DrafterSession, DynamicShape, NodeDistribution, StaticPlan, draft_dynamic,
+                       draft_static, noise_shapes, per_row)
+from .relaxation import Relaxation
+from .tree import TreeSpec
+from .tree_attention import commit_padded_path, forward_tree
+from .tree_walk import WalkResult, walk_tree
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """What fixes an iteration's tensor shapes and code: rows (2 with CFG), cache slots, image tokens, the
+    sampling settings and acceptance rule it bakes in, and the tree (a static `TreeSpec` or EAGLE-2's
+    `DynamicShape`)."""
+
+    rows: int
+    slots: int
+    image_tokens: int
+    sampling: SamplingConfig
+    tree: TreeSpec | DynamicShape
+    relaxation: Relaxation | None = None
+
+    @property
+    def dynamic(self) -> bool:
+        return isinstance(self.tree, DynamicShape)
+
+    @property
+    def depth(self) -> int:
+        return self.tree.depth
+
+    @property
+    def nodes(self) -> int:
+        """Drafted nodes verified per iteration (root excluded)."""
+        return self.tree.nodes if self.dynamic else self.tree.num_nodes
+
+    @property
+    def draft_slots(self) -> int:
+        """Drafter cache slots the drafted tree occupies past the committed length."""
+        return self.tree.depth * self.tree.top_k if self.dynamic else self.tree.num_nodes
+
+
+@dataclass(frozen=True)
+class TreeWindows:
+    """Keys each forward of one iteration attends over; one captured graph per distinct value. `start` is
+    the smallest committed length these windows serve (capture warms up there)."""
+
+    start: int
+    draft: int  # drafter over the tree: >= length + draft_slots
+    verify: int  # target over the tree: >= length + nodes + 1
+    consume: int  # drafter over the accepted path: >= length + depth + 1
+
+
+def tree_windows(length: int, shape: TreeShape, exact: bool) -> TreeWindows:
+    """Windows for an iteration at committed `length`: exactly the keys each forward needs (`exact`, for
+    devices that never capture: the step-by-step decoder's own shapes), or those rounded so that one
+    variant serves every length of a `SLOT_BUCKET`-wide band (a few graphs per image)."""
+    extents = (shape.draft_slots, shape.nodes + 1, shape.depth + 1)
+    if exact:
+        return TreeWindows(length, *(length + e for e in extents))
+    start = length // SLOT_BUCKET * SLOT_BUCKET
+    return TreeWindows(start, *(min(shape.slots, start + SLOT_BUCKET + e) for e in extents))
+
+
+def band_windows(shape: TreeShape) -> list[TreeWindows]:
+    """Every bucketed variant an iteration in a cache of `shape.slots` slots can use (one graph each),
+    whatever the prefix length: every committed length at which the largest forward still fits."""
+    last = shape.slots - max(shape.draft_slots, shape.nodes + 1, shape.depth + 1)
+    return sorted({tree_windows(length, shape, exact=False) for length in range(0, last + 1)}, key=lambda w: w.start)
+
+
+@dataclass
+class TreeState:
+    """The static tensors of one tree run shape, allocated once and reused across images."""
+
+    cache: KVCache  # target (L, rows, H_kv, slots, D)
+    key_valid: torch.Tensor  # (rows, slots) bool: False on padded prefix slots
+    session: DrafterSession  # drafter cache, its length and root feature
+    length: torch.Tensor  # () long: committed target slots (= the drafter's)
+    done: torch.Tensor  # () long: image tokens decoded (the root of the next tree is tokens[done - 1])
+    tokens: torch.Tensor  # (N + depth + 1,) long: the image, padded by one path
+    per_cell: torch.Tensor  # (N + depth + 1,) int32: tokens accepted by the forward that produced each cell
+    noise: list[torch.Tensor]  # Exp(1) draws per depth for sampled static trees (else empty)
+    uniforms: torch.Tensor  # (1, depth, C + 1) the walk's uniforms
+    neighbors: torch.Tensor | None  # (V, k) relaxation table, copied in before each image
+    histogram: torch.Tensor  # (depth + 1,) long: iterations by drafted tokens accepted
+    by_node: torch.Tensor  # (n + 1,) long: acceptances per static-tree node (unused for EAGLE-2)
+    absorbed: torch.Tensor  # (2,) float32: relaxed mass summed and max over accepted tokens
+    relaxed: torch.Tensor  # () long: accepted tokens that used absorbed mass
+    forwards_per_iteration: int = 0  # drafter forwards one iteration runs
+
+    @classmethod
+    def allocate(cls, model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape, plan: StaticPlan | None,
+                 neighbors: torch.Tensor | None) -> "TreeState":
+        device = model.tok_embeddings.weight.device
+        key_valid = torch.ones(shape.rows, shape.slots, dtype=torch.bool, device=device)
+        session = DrafterSession(drafter, shape.rows, shape.slots, key_valid)
+        V = model.config.vocab_size
+        width = shape.tree.top_k if shape.dynamic else plan.children.shape[-1]
+        sampled = not shape.dynamic and not shape.sampling.greedy
+        noise = [torch.ones(s, device=device) for s in noise_shapes(plan, 1, V)] if sampled else []
+        padded = shape.image_tokens + shape.depth + 1
+        levels = shape.depth - 1 if shape.dynamic else sum(1 for g in plan.expand_at[1:] if g.numel())
+        long = dict(dtype=torch.long, device=device)
+        return cls(
+            cache=model.allocate_cache(shape.rows, shape.slots), key_valid=key_valid, session=session,
+            length=torch.zeros((), **long), done=torch.ones((), **long), tokens=torch.zeros(padded, **long),
+            per_cell=torch.ones(padded, dtype=torch.int32, device=device), noise=noise,
+            uniforms=torch.full((1, shape.depth, width + 1), 0.5, device=device),
+            neighbors=None if neighbors is None else torch.zeros_like(neighbors),
+            histogram=torch.zeros(shape.depth + 1, **long), by_node=torch.zeros(shape.nodes + 1, **long),
+            absorbed=torch.zeros(2, device=device), relaxed=torch.zeros((), **long),
+            forwards_per_iteration=levels + 1)
+
+    def reset_counters(self) -> None:
+        for t in (self.histogram, self.by_node, self.absorbed, self.relaxed):
+            t.zero_()
+
+    def start_image(self, prefix_len: int, first: torch.Tensor) -> None:
+        """State after the prefill and the first token (the drafter's prefix is consumed by the caller)."""
+        self.tokens.zero_()
+        self.tokens[0] = first.reshape(())
+        self.per_cell.fill_(1)
+        self.length.fill_(prefix_len)
+        self.done.fill_(1)
+
+    def reset_for_warmup(self, start: int) -> None:
+        """A valid state for warm-up iterations at committed length `start` (capture runs real iterations)."""
+        self.start_image(start, torch.zeros((), dtype=torch.long, device=self.tokens.device))
+        self.session.reset(start)
+
+    def release(self) -> None:
+        self.cache.release()
+        self.session.cache.release()
+
+    @property
+    def nbytes(self) -> int:
+        return self.cache.nbytes + self.session.cache.nbytes
+
+
+@dataclass
+class TreeContext:
+    """What an iteration reads besides its state: the two models, the static plan (None for EAGLE-2) and
+    the run's CFG + filters."""
+
+    model: ImageTransformer
+    drafter: EagleDrafter
+    shape: TreeShape
+    plan: StaticPlan | None
+    dist: NodeDistribution
+
+
+@dataclass
+class Verification:
+    walk: WalkResult  # per tree: accepted path, count, bonus, relaxed mass
+    hidden: torch.Tensor  # (rows, n+1, dim) target features at every node (the drafter's next inputs)
+
+
+def walk_uniforms_shape(trees: int, tree: DraftTree) -> tuple[int, int, int]:
+    """Shape of the uniforms one verification draws (`verify_tree`'s `uniforms`)."""
+    return trees, tree.depth, tree.children.shape[-1] + 1
+
+
+def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length: int | torch.Tensor, tree: DraftTree,
+                dist, spec, generator: torch.Generator | None, neighbors: torch.Tensor | None,
+                root_index: int | torch.Tensor, uniforms: torch.Tensor | None = None,
+                window: int | None = None) -> Verification:
+    """One target forward over G trees (rows = G, or 2G with CFG) at cache length `length`, then the walk
+    under `spec.relaxation`. `length` and `root_index` may be device tensors, with `window` the static key
+    extent; `uniforms` (`walk_uniforms_shape`) replaces the draw from `generator`."""
+    rows, G = key_valid.shape[0], tree.tokens.shape[0]
+    hidden = forward_tree(model, cache, key_valid, length, per_row(tree.tokens, rows), tree, window)
+    logits = model.logits(hidden)  # (rows, n+1, V)
+    index = root_index + 1 + tree.depths
+    greedy = dist.sampling.greedy
+    target = dist.combine(logits, index) if greedy else dist(logits, index)  # (G, n+1, V)
+    if uniforms is None:
+        uniforms = torch.rand(walk_uniforms_shape(G, tree), generator=generator, device=logits.device)
+    walk = walk_tree(target, tree.children, tree.tokens, tree.depth, uniforms, tree.log_q, greedy,
+                     spec.relaxation, neighbors)
+    return Verification(walk, hidden)
+
+
+def draw_iteration_noise(state: TreeState, generator: torch.Generator | None) -> None:
+    """Fill the noise of the next iteration from the image's generator, in the step-by-step decoder's order
+    (the drafter's Exp(1) draws depth by depth, then the walk's uniforms). Runs eagerly, outside capture."""
+    for buffer in state.noise:
+        buffer.exponential_(generator=generator)
+    state.uniforms.uniform_(0.0, 1.0, generator=generator)
+
+
+def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> None:
+    """Draft a tree from the last accepted token, verify it, accept a path, and advance: tokens[done ..]
+    get the accepted drafts and the bonus token, both caches the path, `done` and `length` the count.
+    Shapes depend on `ctx.shape` and `windows` only; nothing reads the host."""
+    shape, session = ctx.shape, state.session
+    depth = shape.depth
+    root_index = state.done - 1  # () image-token index of the root
+    root = state.tokens.index_select(0, root_index.view(1))  # (1,)
+    if shape.dynamic:
+        tree = draft_dynamic(session, ctx.model, shape.tree, root, root_index, ctx.dist, windows.draft)
+    else:
+        tree = draft_static(session, ctx.model, ctx.plan, root, root_index, ctx.dist, shape.sampling.greedy, None,
+                            state.noise or None, windows.draft)
+    check = verify_tree(ctx.model, state.cache, state.key_valid, state.length, tree, ctx.dist, shape, None,
+                        state.neighbors, root_index, state.uniforms, windows.verify)
+    walk = check.walk
+    accepted = walk.accepted[:1]  # (1,) drafted tokens accepted
+    count = accepted + 1  # (1,) tokens this iteration adds (drafts + bonus)
+    path = walk.path[0]  # (depth+1,) node ids root first, -1 past the accepted nodes
+    node = path.clamp(min=0)
+    k = torch.arange(depth + 1, device=path.device)
+    drafted = tree.tokens[0].index_select(0, node[1:])  # (depth,)
+    new = torch.where(k == accepted, walk.bonus[:1], torch.cat([drafted, drafted[-1:]]))  # (depth+1,) valid < count
+    commit_padded_path(state.cache, state.length, path)
+    slots = state.done + k  # (depth+1,) image-token indices written (the tail past count is stale)
+    state.tokens.index_copy_(0, slots, new)
+    state.per_cell.index_copy_(0, slots, count.to(torch.int32).expand(depth + 1))
+    session.consume(check.hidden.index_select(1, node), new[None].expand(shape.rows, -1), count=count,
+                    window=windows.consume)
+    state.length.add_(count[0])
+    state.done.add_(count[0])
+    # run counters, on the device
+    state.histogram.index_add_(0, accepted, torch.ones_like(accepted))
+    state.by_node.index_add_(0, node, (path >= 0).long())
+    absorbed = walk.absorbed[0]  # (depth,) zero past the accepted drafts
+    state.absorbed.copy_(torch.stack([state.absorbed[0] + absorbed.sum(), torch.maximum(state.absorbed[1], absorbed.max())]))
+    state.relaxed.add_((absorbed > 0).sum())

@@ -1,0 +1,147 @@
+"""The static-shape speculative iteration (`decoding/tree_step.py`): the same tokens as the step-by-step
+decoder it replaced (tests/reference_speculative.py), for static trees, chains and EAGLE-2, exact, greedy,
+LANTERN (delta) and LANTERN++ (lambda), c2i and left-padded t2i; the same tokens through the window bands a
+capturing device uses (stand-in graphs on the CPU, with warm-up and reuse across images); and an
+iteration that traces with `torch.compile(fullgraph=True)` and decodes a second image without recompiling."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lantern_core.decoding.speculative as speculative_module
+from lantern_core.conditioning import Condition
+from lantern_core.config import GPTConfig, SamplingConfig
+from lantern_core.decoding import step_graphs
+from lantern_core.decoding.drafting import DynamicShape
+from lantern_core.decoding.neighbors import build_neighbors
+from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.sampling import make_generators
+from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
+from lantern_core.decoding.tree import MC_SIM_7B_63, NAIVE_EXTEND_57, chain_tree
+from lantern_core.decoding.tree_step import TreeShape, band_windows, tree_iteration, tree_windows
+from reference_speculative import reference_tokens
+from stand_in_graphs import assert_capture_matches_eager, use_stand_in_graphs
+from tiny_models import TINY_T2I, random_drafter, random_gpt
+
+# 10 x 10 = 100 tokens: the iteration crosses several 64-slot window bands
+WIDE_C2I = GPTConfig(dim=64, n_layer=2, n_head=4, vocab_size=48, model_type="c2i", num_classes=5,
+                     cls_token_num=1, grid_size=10)
+SAMPLED = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=20)
+GREEDY = SamplingConfig(cfg_scale=3.0, cfg_interval=40, temperature=0.0)
+DYNAMIC = DynamicShape(depth=4, top_k=4, nodes=12)
+MODES = {  # name: (spec, sampling, neighbour k)
+    "static_exact": (SpeculativeConfig(static_tree=MC_SIM_7B_63), SAMPLED, 0),
+    "static_greedy": (SpeculativeConfig(static_tree=NAIVE_EXTEND_57), GREEDY, 0),
+    "chain_exact": (SpeculativeConfig(static_tree=chain_tree(5)), SAMPLED, 0),
+    "eagle2_exact": (SpeculativeConfig(tree="dynamic", dynamic=DYNAMIC), SAMPLED, 0),
+    "eagle2_greedy": (SpeculativeConfig(tree="dynamic", dynamic=DYNAMIC), GREEDY, 0),
+    "lantern_delta": (SpeculativeConfig(static_tree=MC_SIM_7B_63, relaxation=Relaxation(k=8, delta=0.6)), SAMPLED, 8),
+    "lantern_pp_greedy": (SpeculativeConfig(static_tree=NAIVE_EXTEND_57, relaxation=Relaxation(k=8, lam=4.0)), GREEDY, 8),
+    "eagle2_delta": (SpeculativeConfig(tree="dynamic", dynamic=DYNAMIC, relaxation=Relaxation(k=8, delta=0.6)),
+                     SAMPLED, 8),
+}
+
+
+@pytest.fixture(scope="module")
+def wide():
+    model = random_gpt(WIDE_C2I, seed=7)
+    table = build_neighbors(torch.randn(WIDE_C2I.vocab_size, 3, generator=torch.Generator().manual_seed(2)), 8)
+    return model, random_drafter(model, seed=3), table
+
+
+def run(model, drafter, labels, name, table, seed, compile="off"):
+    spec, sampling, k = MODES[name]
+    return speculative_generate(model, drafter, Condition.classes(labels), sampling, spec,
+                                make_generators(seed, len(labels)), table if k else None, compile=compile)
+
+
+@pytest.mark.parametrize("name", sorted(MODES))
+def test_iteration_loop_matches_the_step_by_step_decoder(wide, name):
+    model, drafter, table = wide
+    spec, sampling, k = MODES[name]
+    labels = [1, 3]
+    got = run(model, drafter, labels, name, table, seed=5)
+    for i, label in enumerate(labels):
+        expected = reference_tokens(model, drafter, Condition.classes([label]), sampling, spec,
+                                    make_generators(5 + i, 1)[0], table if k else None)
+        assert torch.equal(got.tokens[i], expected), (name, i)
+    if spec.relaxation is not None:  # long accepted paths happened, so the padded path was exercised
+        assert len(got.stats.accepted_histogram) >= 3
+
+
+@pytest.mark.parametrize("name", ["static_exact", "eagle2_greedy"])
+def test_left_padded_prompts_match_the_step_by_step_decoder(name):
+    model = random_gpt(TINY_T2I, seed=5)
+    drafter = random_drafter(model)
+    caption = torch.randn(2, 6, 24, generator=torch.Generator().manual_seed(9))
+    mask = torch.tensor([[False, False, True, True, True, True], [True] * 6])
+    spec, sampling, _ = MODES[name]
+    got = speculative_generate(model, drafter, Condition(caption=caption, caption_mask=mask), sampling, spec,
+                               make_generators(2, 2), compile="off")
+    for i in range(2):
+        row = Condition(caption=caption[i:i + 1], caption_mask=mask[i:i + 1])
+        assert torch.equal(got.tokens[i], reference_tokens(model, drafter, row, sampling, spec,
+                                                           make_generators(2 + i, 1)[0])), i
+
+
+def test_window_bands_cover_every_length_in_a_few_shapes():
+    shape = TreeShape(2, 1 + 100 + 40, 100, SAMPLED, MC_SIM_7B_63)
+    bands = band_windows(shape)
+    assert [w.start for w in bands] == [0, 64]
+    for length in range(1, 100):
+        w = tree_windows(length, shape, exact=False)
+        assert w in bands and w.start <= length
+        assert w.verify >= length + MC_SIM_7B_63.num_nodes + 1 and w.draft >= length + MC_SIM_7B_63.num_nodes
+        assert w.consume >= length + MC_SIM_7B_63.depth + 1 and max(w.draft, w.verify, w.consume) <= shape.slots
+        exact = tree_windows(length, shape, exact=True)
+        assert exact.verify == length + MC_SIM_7B_63.num_nodes + 1
+
+
+@pytest.mark.parametrize("name", ["lantern_delta", "eagle2_greedy"])
+def test_replayed_iterations_over_window_bands_give_the_eager_tokens(wide, monkeypatch, name):
+    """The capturing path's control flow on the CPU (registry, warm-up from a reset state, one stand-in
+    graph per band, replay), bucketed windows and padded caches: the same tokens as the exact eager loop,
+    and one runner serves a second image."""
+    model, drafter, table = wide
+    use_stand_in_graphs(monkeypatch, step_graphs)
+    monkeypatch.setattr(speculative_module, "uses_graphs", lambda choice, device: choice == "auto")
+    runner = assert_capture_matches_eager(step_graphs, model,
+                                          lambda seed, compile: run(model, drafter, [seed + 1], name, table, seed, compile))
+    assert len(runner.graphs) >= 2 and sum(g.replays for g in runner.graphs.values()) > 0
+    # unloading the drafter (ComfyUI detaches its patcher) drops the target's tree graphs that read it
+    assert step_graphs.release(drafter) == 1 and step_graphs.cached_runners(model) == 0
+
+
+@pytest.mark.parametrize("name", ["lantern_delta", "eagle2_greedy"])
+def test_iteration_compiles_fullgraph_and_decodes_without_recompiling(wide, monkeypatch, name):
+    """fullgraph=True raises on any graph break (a host read, a tensor-valued branch), so nothing in the
+    iteration blocks capture; error_on_recompile on a second image proves its guards are static."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model, drafter, table = wide
+    eager = [run(model, drafter, [c], name, table, c, compile="off").tokens for c in (1, 4)]
+    monkeypatch.setattr(speculative_module, "uses_graphs", lambda choice, device: choice == "auto")
+    compiled = torch.compile(tree_iteration, fullgraph=True, backend="aot_eager", dynamic=False)
+    monkeypatch.setattr(speculative_module, "tree_iteration", compiled)
+    assert torch.equal(run(model, drafter, [1], name, table, 1, compile="off").tokens, eager[0])
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(run(model, drafter, [4], name, table, 4, compile="off").tokens, eager[1])
+    torch._dynamo.reset()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["lantern_delta", "eagle2_greedy", "static_exact"])
+def test_cuda_graph_iterations_equal_eager_and_are_reused(name, dtype):
+    model = random_gpt(WIDE_C2I, seed=7).to("cuda", dtype)
+    drafter = random_drafter(random_gpt(WIDE_C2I, seed=7), seed=3).to("cuda", dtype)
+    table = build_neighbors(torch.randn(WIDE_C2I.vocab_size, 3, generator=torch.Generator().manual_seed(2)), 8).cuda()
+    spec, sampling, k = MODES[name]
+
+    def decode(seed, compile):
+        return speculative_generate(model, drafter, Condition.classes([seed + 1], device="cuda"), sampling, spec,
+                                    make_generators(seed, 1, "cuda"), table if k else None, compile=compile)
+
+    assert_capture_matches_eager(step_graphs, model, decode)
+    assert step_graphs.release(model) == 1

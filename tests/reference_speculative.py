@@ -1,0 +1,54 @@
+"""The step-by-step speculative decoder as it was before the static-shape iteration, kept as a test oracle:
+Python-int cache lengths, exact key extents, an accepted path of exactly the accepted length, and the
+drafter fed only the accepted pairs, all built from the library's dynamic-length primitives. Tokens only
+(no stats); one image at a time with its own generator."""
+from __future__ import annotations
+
+import torch
+
+from lantern_core.conditioning import build_prefix
+from lantern_core.decoding.drafting import DrafterSession, draft_dynamic, draft_static, plan_static_tree, prefix_inputs
+from lantern_core.decoding.generate import prefill
+from lantern_core.decoding.sampling import pick_tokens
+from lantern_core.decoding.speculative import NodeDistributions
+from lantern_core.decoding.tree_attention import commit_path
+from lantern_core.decoding.tree_step import verify_tree
+from lantern_core.layout import extend_neighbors
+
+
+@torch.no_grad()
+def reference_tokens(model, drafter, condition, sampling, spec, generator, neighbors=None) -> torch.Tensor:
+    """(N,) tokens of one image (`condition` of batch 1)."""
+    N = model.config.num_image_tokens
+    guided = sampling.uses_cfg
+    dist = NodeDistributions(sampling, guided, model.constrain_logits)
+    plan = None if spec.tree == "dynamic" else plan_static_tree(spec.static_tree, torch.device("cpu"))
+    neighbors = extend_neighbors(model.config, neighbors)
+    prefix = build_prefix(model, condition, guided)
+    rows, T = prefix.key_valid.shape
+    max_len = T + N + spec.cache_spare
+    cache = model.allocate_cache(rows, max_len)
+    key_valid = torch.empty(rows, max_len, dtype=torch.bool)
+    hidden = prefill(model, prefix, cache, key_valid)
+    first = pick_tokens(dist.combine(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long))[:, 0],
+                        sampling, generator)
+    out = [int(first[0])]
+    session = DrafterSession(drafter, rows, max_len, key_valid)
+    fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first[:1], rows, T)
+    session.consume(hidden, fed, embeddings)
+    length = T
+    while len(out) < N:
+        done = len(out)
+        root = torch.tensor([out[-1]])
+        if plan is not None:
+            tree = draft_static(session, model, plan, root, done - 1, dist, sampling.greedy, generator)
+        else:
+            tree = draft_dynamic(session, model, spec.dynamic, root, done - 1, dist)
+        check = verify_tree(model, cache, key_valid, length, tree, dist, spec, generator, neighbors, done - 1)
+        accepted = int(check.walk.accepted[0])
+        path = check.walk.path[0, : accepted + 1]
+        new = torch.cat([tree.tokens[0, path[1:]], check.walk.bonus[:1]])
+        out.extend(new.tolist()[: N - done])
+        length = commit_path(cache, length, path)
+        session.consume(check.hidden[:, path], new[None].expand(rows, -1))
+    return torch.tensor(out)
