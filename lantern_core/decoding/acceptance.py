@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .relaxation import Relaxation, relax
+from .step_graphs import may_read_host
 
 
 @dataclass
@@ -82,8 +83,8 @@ def accept_siblings(p: torch.Tensor, log_q: torch.Tensor | None, children: torch
         valid = torch.ones_like(children, dtype=torch.bool)
     if log_q is not None:
         valid = valid & (log_q.gather(1, children.clamp(min=0)) > float("-inf"))
-    # reading a flag costs nothing on the CPU, so stop as soon as every row is settled (not under torch.compile)
-    cpu = p.device.type == "cpu" and not torch.compiler.is_compiling()
+    # reading a flag costs nothing on the CPU, so stop as soon as every row is settled (never in a captured step)
+    cpu = may_read_host(p.device)
     for j in range(m):
         if cpu and not bool(((accepted < 0) & valid[:, j]).any()):
             break  # later siblings are padding or unsampled (valid is a prefix of the ranks)

@@ -263,7 +263,8 @@ def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: Dyna
         c_score, c_tok = child.topk(K, dim=-1)  # (G, K, K) log-probabilities
         c_score = (score[..., None] + c_score).reshape(G, K * K)  # cumulative
         c_tok = c_tok.reshape(G, K * K)
-        pool_tok.append(c_tok), pool_score.append(c_score), pool_parent.append(frontier.repeat_interleave(K, dim=1))
+        pool_tok.append(c_tok), pool_score.append(c_score)
+        pool_parent.append(frontier[..., None].expand(G, K, K).reshape(G, K * K))  # each parent K times
         best = c_score.topk(K, dim=-1).indices  # next frontier, (G, K)
         frontier = created + best
         created += K * K

@@ -206,7 +206,8 @@ def refill(ctx: JacobiContext, state: JacobiState) -> None:
                 earlier = source - 1
             source = torch.where(source >= start, earlier, source)
         tokens = torch.where(carried, moved, state.canvas.index_select(0, source))
-        q = torch.where(carried[:, None], p_carry, torch.nn.functional.one_hot(tokens, p_carry.shape[-1]).to(p_carry.dtype))
+        point = torch.zeros_like(p_carry).scatter_(1, tokens[:, None], 1.0)  # point masses (one_hot would sync on CUDA)
+        q = torch.where(carried[:, None], p_carry, point)
     state.canvas.index_copy_(0, positions, tokens)
     state.drafts.copy_(tokens)
     state.q.copy_(q)

@@ -41,6 +41,27 @@ def check_compile(choice: str) -> str:
     return choice
 
 
+_STATIC_ONLY = threading.local()
+
+
+class static_only:
+    """Within this context no loop reads the host to stop early, on any device (what a captured step does);
+    the tests use it to check that a whole step runs without a host read."""
+
+    def __enter__(self) -> None:
+        self.before = getattr(_STATIC_ONLY, "on", False)
+        _STATIC_ONLY.on = True
+
+    def __exit__(self, *exc) -> None:
+        _STATIC_ONLY.on = self.before
+
+
+def may_read_host(device: torch.device) -> bool:
+    """Whether a fixed-trip loop may read a flag to stop early: only on the CPU, where a read costs no device
+    sync, and never while torch.compile traces (a read would break the graph) or under `static_only`."""
+    return device.type == "cpu" and not torch.compiler.is_compiling() and not getattr(_STATIC_ONLY, "on", False)
+
+
 def uses_graphs(choice: str, device: torch.device) -> bool:
     """'auto' captures on CUDA and runs eagerly elsewhere (CPU, MPS); 'off' always runs eagerly."""
     return check_compile(choice) == "auto" and torch.device(device).type == "cuda"

@@ -16,6 +16,7 @@ import torch
 from .acceptance import accept_siblings
 from .relaxation import Relaxation, relax
 from .sampling import sample_from_probs
+from .step_graphs import may_read_host
 
 
 @dataclass
@@ -64,9 +65,9 @@ def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.T
     absorbed = torch.zeros(B, depth, device=device)
     residual = target[:, 0].clone()
     C = children.shape[-1]
-    # host reads are free on the CPU: stop at the first depth where every row has stopped (not while
-    # torch.compile traces, where a read would break the graph; the extra depths change nothing)
-    cpu = device.type == "cpu" and not torch.compiler.is_compiling()
+    # host reads are free on the CPU: stop at the first depth where every row has stopped (the extra
+    # depths change nothing; never in a captured or compiled step)
+    cpu = may_read_host(device)
     for d in range(depth):
         if cpu and d > 0 and not bool(alive.any()):
             break
