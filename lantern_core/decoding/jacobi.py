@@ -21,8 +21,10 @@ mass. They are not lossless; the mass they spend is reported in the stats. Greed
 
 Rollback is free: accepted tokens already sit in consecutive cache slots; slots past the committed length
 are stale and overwritten by the next window. One image at a time (rows = [cond; uncond] with CFG); image i
-uses generator i. The `auto` window is chosen from the measured forward-cost curve (`jacobi_window.py`).
-This module does not pick devices or load files.
+uses generator i. Each iteration is one static-shape `jacobi_iteration` (`jacobi_step.py`), replayed from a
+CUDA graph with compile "auto" on CUDA; this module prefills, draws the first token and loops, reading
+the number of tokens done once per iteration. The `auto` window is chosen from the measured forward-cost
+curve (`jacobi_window.py`). This module does not pick devices or load files.
 """
 from __future__ import annotations
 
