@@ -22,8 +22,7 @@ from ..config import SamplingConfig
 from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import KVCache
 from .sampling import Generators, combine_cfg, probs_from_logits, sample_from_probs
-
-SLOT_BUCKET = 64  # captured cache lengths and attention windows are multiples of this
+from .step_graphs import SLOT_BUCKET, band_window
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ def window_for(slot: int, slots: int) -> int:
     """Keys a step attends over when it feeds the token at cache slot `slot`: the slots up to it rounded up to
     `SLOT_BUCKET` (capped by the cache), so attention grows with the image in a few fixed shapes instead of
     one shape per token or the whole cache every step."""
-    return min(slots, (slot // SLOT_BUCKET + 1) * SLOT_BUCKET)
+    return band_window(slot, 0, slots)
 
 
 def exact_window(slot: int, slots: int) -> int:

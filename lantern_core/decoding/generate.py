@@ -19,10 +19,10 @@ from ..conditioning import Condition, build_prefix
 from ..config import SamplingConfig
 from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import KVCache, attention_mask
-from .ar_step import (SLOT_BUCKET, ARBuffers, ARShape, ar_step, draw_uniforms_upfront, sample_step_tokens, slots_for,
-                      exact_window, window_for, windows)
+from .ar_step import (ARBuffers, ARShape, ar_step, draw_uniforms_upfront, exact_window, sample_step_tokens, slots_for,
+                      window_for, windows)
 from .sampling import Generators
-from .step_graphs import StepRunner, runner_for, uses_graphs
+from .step_graphs import RunLayout, StepRunner, layout_for, runner
 
 # (tokens done per sample, total per sample, the (B, N) token buffer filled up to `done`)
 StepCallback = Callable[[int, int, torch.Tensor], None]
@@ -114,14 +114,11 @@ def reset_for_warmup(runner: StepRunner, variant=None) -> None:
     runner.buffers.tokens.zero_()
 
 
-def ar_runner(model: ImageTransformer, shape: ARShape, compile: str, masked: bool = True) -> StepRunner:
-    """The step runner for `shape`: a cached runner with one CUDA graph per attention window where `compile`
-    allows graphs on this device, else `eager_ar_runner` (`masked` as in `ar_step`)."""
-    device = model.tok_embeddings.weight.device
-    if not uses_graphs(compile, device):
-        return eager_ar_runner(model, shape, masked)
-    return runner_for(model, ("ar", shape), lambda: eager_ar_runner(model, shape), windows(shape.slots),
-                      reset_for_warmup, device)
+def ar_runner(model: ImageTransformer, shape: ARShape, layout: RunLayout, masked: bool = True) -> StepRunner:
+    """The step runner for `shape`: a cached runner with one CUDA graph per attention window where `layout`
+    uses graphs, else `eager_ar_runner` (`masked` as in `ar_step`)."""
+    return runner(model, ("ar", shape), lambda: eager_ar_runner(model, shape, masked), lambda: windows(shape.slots),
+                  reset_for_warmup, layout, model.tok_embeddings.weight.device)
 
 
 @torch.no_grad()
@@ -139,14 +136,11 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
     prefix = build_prefix(model, condition, sampling.uses_cfg)
     rows, T = prefix.key_valid.shape
     device = prefix.embeddings.device
-    bucket = SLOT_BUCKET if uses_graphs(compile, device) else 1  # one graph serves prompts of similar length
-    shape = ARShape(condition.batch, slots_for(T, n_tokens, bucket), n_tokens, sampling)
-    # A device that never captures slices the cache exactly (the bare forward's cost); CUDA keeps the
-    # windows with compile off too, so "off" and "auto" give the same tokens there.
-    exact = not uses_graphs("auto", device)
-    window = exact_window if exact else window_for
-    runner = ar_runner(model, shape, compile, masked=not exact or not bool(prefix.key_valid.all()))
-    buffers: ARBuffers = runner.buffers
+    layout = layout_for(compile, device)
+    shape = ARShape(condition.batch, slots_for(T, n_tokens, layout.slot_bucket), n_tokens, sampling)
+    window = exact_window if layout.exact else window_for  # exact: the bare forward's cost
+    step_runner = ar_runner(model, shape, layout, masked=not layout.exact or not bool(prefix.key_valid.all()))
+    buffers: ARBuffers = step_runner.buffers
     try:
         if not sampling.greedy:
             buffers.uniforms.copy_(draw_uniforms_upfront(generator, condition.batch, n_tokens, device))
@@ -159,13 +153,13 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
         if on_step is not None:
             on_step(1, n_tokens, buffers.tokens)
         for i in range(1, n_tokens):
-            runner.run(window(T + i - 1, shape.slots))
+            step_runner.run(window(T + i - 1, shape.slots))
             if on_step is not None:
                 on_step(i + 1, n_tokens, buffers.tokens)
         tokens = buffers.tokens.clone()
         cache_bytes = buffers.cache.nbytes
     finally:
-        if not runner.shared:
+        if not step_runner.shared:
             buffers.release()  # frees the eager buffers now, even when a callback interrupts the run
     synchronize(device)
     stats = GenerationStats(batch=condition.batch, image_tokens=n_tokens, forward_passes=n_tokens,

@@ -36,17 +36,17 @@ import torch
 from ..conditioning import Condition, build_prefix
 from ..config import SamplingConfig
 from ..errors import ConfigError
-from .ar_step import SLOT_BUCKET, slots_for
+from .ar_step import slots_for
 from .generate import GenerationResult, StepCallback, prefill, synchronize
-from .jacobi_step import (JacobiContext, JacobiShape, JacobiState, band_start, draw_jacobi_noise, jacobi_bands,
-                          jacobi_iteration, jacobi_window_extent, judge_run)
+from .jacobi_step import (JacobiContext, JacobiShape, JacobiState, draw_jacobi_noise, jacobi_bands, jacobi_iteration,
+                          jacobi_window, judge_run)
 from .jacobi_window import WindowChoice, choose_window, target_costs
 from ..models.gpt import ImageTransformer
 from .relaxation import Grouping, Relaxation
 from .sampling import Generators, generator_for, sample_from_probs
 from ..layout import extend_neighbors
 from .speculative import NodeDistributions, RunTally, check_neighbors, weights_digest
-from .step_graphs import StepRunner, runner_for, uses_graphs
+from .step_graphs import RunLayout, StepRunner, layout_for, runner
 
 INITS = ("random", "sample_left", "repeat_left", "repeat_above")
 
@@ -147,21 +147,18 @@ def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: Sam
 
 
 def jacobi_runner(model: ImageTransformer, shape: JacobiShape, dist: NodeDistributions,
-                  neighbors: torch.Tensor | None, compile: str) -> StepRunner:
-    """The iteration runner for `shape`: cached, with one CUDA graph per window band, where `compile` allows
-    graphs on this device; else fresh eager buffers (the caller releases them)."""
-    device = model.tok_embeddings.weight.device
-
+                  neighbors: torch.Tensor | None, layout: RunLayout) -> StepRunner:
+    """The iteration runner for `shape`: cached, with one CUDA graph per window band (variants are
+    `jacobi_window`'s (band start, keys)), where `layout` uses graphs; else fresh eager buffers (the caller
+    releases them)."""
     def build() -> StepRunner:
         state = JacobiState.allocate(model, shape, neighbors)
         context = JacobiContext(model, shape, dist)
-        return StepRunner(lambda window: jacobi_iteration(context, state, window), state)
+        return StepRunner(lambda variant: jacobi_iteration(context, state, variant[1]), state)
 
-    if not uses_graphs(compile, device):
-        return build()
-    return runner_for(model, ("jacobi", shape), build, jacobi_bands(shape),
-                      lambda runner, window: runner.buffers.reset_for_warmup(band_start(window, shape) if window else 0),
-                      device)
+    return runner(model, ("jacobi", shape), build, lambda: jacobi_bands(shape),
+                  lambda r, variant: r.buffers.reset_for_warmup(variant[0] if variant else 0), layout,
+                  model.tok_embeddings.weight.device)
 
 
 def _decode_one(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
@@ -175,11 +172,10 @@ def _decode_one(model: ImageTransformer, condition: Condition, sampling: Samplin
     prefix = build_prefix(model, condition, sampling.uses_cfg)
     rows, T = prefix.key_valid.shape
     device = prefix.embeddings.device
-    bucket = SLOT_BUCKET if uses_graphs(compile, device) else 1
-    exact = not uses_graphs("auto", device)  # never captured here: the forward sees exactly its keys
-    shape = JacobiShape(rows, slots_for(T, N + W + 1, bucket), N, sampling, config)
-    runner = jacobi_runner(model, shape, dist, neighbors, compile)
-    state: JacobiState = runner.buffers
+    layout = layout_for(compile, device)
+    shape = JacobiShape(rows, slots_for(T, N + W + 1, layout.slot_bucket), N, sampling, config)
+    step_runner = jacobi_runner(model, shape, dist, neighbors, layout)
+    state: JacobiState = step_runner.buffers
     try:
         state.reset_counters()
         if state.neighbors is not None:
@@ -200,7 +196,7 @@ def _decode_one(model: ImageTransformer, condition: Condition, sampling: Samplin
         while done < N:
             w = min(W, N - done)  # never draft past the last image token
             draw_jacobi_noise(state, shape, generator, width - accepted, w)
-            runner.run(jacobi_window_extent(T + done - 1, shape, exact))
+            step_runner.run(jacobi_window(T + done - 1, shape, layout.exact))
             now = int(state.done)  # the one host read per iteration
             accepted, width, done = now - done - 1, w, now
             out.copy_(state.canvas[:N])
@@ -209,7 +205,7 @@ def _decode_one(model: ImageTransformer, condition: Condition, sampling: Samplin
         tally.add_run(state)
     finally:
         tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
-        if not runner.shared:
+        if not step_runner.shared:
             state.release()
 
 

@@ -22,9 +22,9 @@ from ..config import SamplingConfig
 from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import KVCache, attention_mask
 from .acceptance import absorbed_set, normalise
-from .ar_step import SLOT_BUCKET
 from .relaxation import group_mass, relax
 from .sampling import sample_from_probs
+from .step_graphs import SLOT_BUCKET, band_starts, band_window
 
 DRAWN_INITS = ("random", "sample_left")  # initialisations that draw fresh tokens (the repeat ones copy)
 
@@ -45,24 +45,19 @@ class JacobiShape:
         return self.config.window
 
 
-def jacobi_window_extent(length: int, shape: JacobiShape, exact: bool) -> int:
-    """Keys the forward at committed `length` attends over: exactly length + W + 1 (devices that never
-    capture), or rounded so one value serves every length of a `SLOT_BUCKET`-wide band."""
+def jacobi_window(length: int, shape: JacobiShape, exact: bool) -> tuple[int, int]:
+    """(band start, keys) for the forward at committed `length`: exactly length + W + 1 keys (devices that never
+    capture), or rounded so one value serves every length of a `SLOT_BUCKET`-wide band; the start is where
+    a capture of that band warms up."""
     extent = shape.window + 1
     if exact:
-        return length + extent
-    return min(shape.slots, length // SLOT_BUCKET * SLOT_BUCKET + SLOT_BUCKET + extent)
+        return length, length + extent
+    return length // SLOT_BUCKET * SLOT_BUCKET, band_window(length, extent, shape.slots)
 
 
-def jacobi_bands(shape: JacobiShape) -> list[int]:
-    """Every bucketed extent a cache of `shape.slots` slots can use (one captured graph each)."""
-    last = shape.slots - shape.window - 1
-    return sorted({jacobi_window_extent(length, shape, exact=False) for length in range(0, last + 1)})
-
-
-def band_start(extent: int, shape: JacobiShape) -> int:
-    """The smallest committed length a bucketed `extent` serves (capture warms up there)."""
-    return next(length for length in range(shape.slots) if jacobi_window_extent(length, shape, False) == extent)
+def jacobi_bands(shape: JacobiShape) -> list[tuple[int, int]]:
+    """Every bucketed variant a cache of `shape.slots` slots can use (one captured graph each)."""
+    return [jacobi_window(start, shape, exact=False) for start in band_starts(shape.slots - shape.window - 1)]
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch
 
 from ..conditioning import Condition, build_prefix
 from ..config import SamplingConfig
-from .ar_step import SLOT_BUCKET, slots_for
+from .ar_step import slots_for
 from .drafting import DynamicShape, StaticPlan, plan_static_tree, prefix_inputs
 from ..errors import ConfigError
 from ..layout import extend_neighbors
@@ -33,7 +33,7 @@ from ..models.drafter import EagleDrafter
 from ..models.gpt import ImageTransformer
 from .relaxation import Relaxation
 from .sampling import Generators, filter_logits, generator_for, pick_tokens
-from .step_graphs import StepRunner, runner_for, uses_graphs
+from .step_graphs import RunLayout, StepRunner, layout_for, runner
 from .tree import NAIVE_EXTEND_57, TreeSpec
 from .tree_select import CostCurve, choose_subtree, measure_costs, node_rates, tree_rate
 from .tree_step import TreeContext, TreeShape, TreeState, band_windows, draw_iteration_noise, tree_iteration, tree_windows
@@ -221,7 +221,7 @@ def _calibrate(model: ImageTransformer, drafter: EagleDrafter, condition: Condit
     def decode_ar() -> None:
         generate(model, condition, sampling, torch.Generator(device=device).manual_seed(0), compile=compile)
 
-    if uses_graphs(compile, device):  # capture both outside the clock (users replay kept graphs)
+    if layout_for(compile, device).graphs:  # capture both outside the clock (users replay kept graphs)
         decode_base(RunTally(device, by_node=torch.zeros_like(scratch.by_node)))
         decode_ar()
     start = time.perf_counter()
@@ -346,21 +346,17 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
 
 
 def tree_runner(model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape, plan: StaticPlan | None,
-                dist: NodeDistributions, neighbors: torch.Tensor | None, compile: str) -> StepRunner:
-    """The iteration runner for `shape`: cached, with one CUDA graph per window band, where `compile` allows
-    graphs on this device; else fresh eager buffers (the caller releases them)."""
-    device = model.tok_embeddings.weight.device
-
+                dist: NodeDistributions, neighbors: torch.Tensor | None, layout: RunLayout) -> StepRunner:
+    """The iteration runner for `shape`: cached, with one CUDA graph per window band, where `layout` uses
+    graphs; else fresh eager buffers (the caller releases them)."""
     def build() -> StepRunner:
         state = TreeState.allocate(model, drafter, shape, plan, neighbors)
         context = TreeContext(model, drafter, shape, plan, dist)
         return StepRunner(lambda windows: tree_iteration(context, state, windows), state)
 
-    if not uses_graphs(compile, device):
-        return build()
-    return runner_for(model, ("tree", shape, id(drafter)), build, band_windows(shape),
-                      lambda runner, windows: runner.buffers.reset_for_warmup(windows.start if windows else 0),
-                      device, also=(drafter,))
+    return runner(model, ("tree", shape, id(drafter)), build, lambda: band_windows(shape),
+                  lambda r, windows: r.buffers.reset_for_warmup(windows.start if windows else 0), layout,
+                  model.tok_embeddings.weight.device, also=(drafter,))
 
 
 def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neighbors,
@@ -375,12 +371,11 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
     prefix = build_prefix(model, condition, guided)
     rows, T = prefix.key_valid.shape
     device = prefix.embeddings.device
-    bucket = SLOT_BUCKET if uses_graphs(compile, device) else 1
-    exact = not uses_graphs("auto", device)  # never captured here: each forward sees exactly its keys
-    shape = TreeShape(rows, slots_for(T, N + spec.cache_spare, bucket), N, sampling,
+    layout = layout_for(compile, device)
+    shape = TreeShape(rows, slots_for(T, N + spec.cache_spare, layout.slot_bucket), N, sampling,
                       spec.dynamic if plan is None else plan.spec, spec.relaxation)
-    runner = tree_runner(model, drafter, shape, plan, dist, neighbors, compile)
-    state: TreeState = runner.buffers
+    step_runner = tree_runner(model, drafter, shape, plan, dist, neighbors, layout)
+    state: TreeState = step_runner.buffers
     try:
         state.reset_counters()
         if state.neighbors is not None:
@@ -398,7 +393,7 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
         done = 1
         while done < N:
             draw_iteration_noise(state, generator)
-            runner.run(tree_windows(T + done - 1, shape, exact))
+            step_runner.run(tree_windows(T + done - 1, shape, layout.exact))
             done = int(state.done)  # the one host read per iteration
             out.copy_(state.tokens[:N])
             report(min(done, N))
@@ -406,5 +401,5 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
         tally.add_run(state)
     finally:
         tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
-        if not runner.shared:
+        if not step_runner.shared:
             state.release()

@@ -31,6 +31,7 @@ from ..errors import ConfigError
 log = logging.getLogger("lantern_core.step_graphs")
 
 COMPILE_CHOICES = ("auto", "off")
+SLOT_BUCKET = 64  # captured cache lengths and attention windows are multiples of this
 MAX_RUNNERS_PER_MODEL = 3  # step shapes kept per model (each holds its own KV cache)
 WARMUP_STEPS = 2
 
@@ -65,6 +66,38 @@ def may_read_host(device: torch.device) -> bool:
 def uses_graphs(choice: str, device: torch.device) -> bool:
     """'auto' captures on CUDA and runs eagerly elsewhere (CPU, MPS); 'off' always runs eagerly."""
     return check_compile(choice) == "auto" and torch.device(device).type == "cuda"
+
+
+def band_window(position: int, extent: int, slots: int) -> int:
+    """Keys a captured forward attends over when it writes `extent` slots from cache slot `position` on: rounded
+    up so that one value serves every position of a `SLOT_BUCKET`-wide band (a few graphs per image instead
+    of one per step), capped by the cache's `slots`."""
+    return min(slots, position // SLOT_BUCKET * SLOT_BUCKET + SLOT_BUCKET + extent)
+
+
+def band_starts(last: int) -> range:
+    """The first position of every band up to position `last` (one captured variant each)."""
+    return range(0, last + 1, SLOT_BUCKET)
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """How a decoder lays one run out on its device: `graphs` when its steps are captured (compile "auto" on
+    CUDA); `exact` on a device that never captures, where each forward sees exactly the keys it needs (the
+    step-by-step decoders' shapes and cost); otherwise windows grow in bands, with compile "off" too, so
+    "off" and "auto" give the same tokens."""
+
+    graphs: bool
+    exact: bool
+
+    @property
+    def slot_bucket(self) -> int:
+        """Cache lengths round up to this, so one capture serves prompts of similar length."""
+        return SLOT_BUCKET if self.graphs else 1
+
+
+def layout_for(compile: str, device: torch.device) -> RunLayout:
+    return RunLayout(graphs=uses_graphs(compile, device), exact=not uses_graphs("auto", device))
 
 
 @dataclass
@@ -174,6 +207,16 @@ def runner_for(model: torch.nn.Module, key: Hashable, build: Callable[[], StepRu
         capture_variants(runner, variants, lambda variant: reset(runner, variant), device, lambda: _pool(model))
         runners[key] = runner  # kept even when capture failed: one warning, then eager on the same buffers
         return runner
+
+
+def runner(model: torch.nn.Module, key: Hashable, build: Callable[[], StepRunner],
+           variants: Callable[[], Iterable[Hashable]], reset: Callable[[StepRunner, Hashable | None], None],
+           layout: RunLayout, device: torch.device, also: tuple[torch.nn.Module, ...] = ()) -> StepRunner:
+    """The runner a decoder steps through: `runner_for` (cached, every variant captured) when `layout` uses
+    graphs, else a fresh eager one from `build()` (the caller releases its buffers)."""
+    if not layout.graphs:
+        return build()
+    return runner_for(model, key, build, variants(), reset, device, also)
 
 
 def _pool(model: torch.nn.Module):

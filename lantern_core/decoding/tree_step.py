@@ -22,7 +22,7 @@ from ..config import SamplingConfig
 from ..models.drafter import EagleDrafter
 from ..models.gpt import ImageTransformer
 from ..models.kv_cache import KVCache
-from .ar_step import SLOT_BUCKET
+from .step_graphs import SLOT_BUCKET, band_starts, band_window
 from .drafting import (DraftTree, DrafterSession, DynamicShape, NodeDistribution, StaticPlan, draft_dynamic,
                        draft_static, noise_shapes, per_row)
 from .relaxation import Relaxation
@@ -81,15 +81,14 @@ def tree_windows(length: int, shape: TreeShape, exact: bool) -> TreeWindows:
     extents = (shape.draft_slots, shape.nodes + 1, shape.depth + 1)
     if exact:
         return TreeWindows(length, *(length + e for e in extents))
-    start = length // SLOT_BUCKET * SLOT_BUCKET
-    return TreeWindows(start, *(min(shape.slots, start + SLOT_BUCKET + e) for e in extents))
+    return TreeWindows(length // SLOT_BUCKET * SLOT_BUCKET, *(band_window(length, e, shape.slots) for e in extents))
 
 
 def band_windows(shape: TreeShape) -> list[TreeWindows]:
     """Every bucketed variant an iteration in a cache of `shape.slots` slots can use (one graph each),
-    whatever the prefix length: every committed length at which the largest forward still fits."""
+    whatever the prefix length: one per band up to the last length at which the largest forward fits."""
     last = shape.slots - max(shape.draft_slots, shape.nodes + 1, shape.depth + 1)
-    return sorted({tree_windows(length, shape, exact=False) for length in range(0, last + 1)}, key=lambda w: w.start)
+    return [tree_windows(start, shape, exact=False) for start in band_starts(last)]
 
 
 @dataclass

@@ -98,7 +98,7 @@ def test_step_compiles_fullgraph_and_an_image_decodes_without_recompiling(monkey
     model = random_gpt(WIDE_C2I, seed=2)
     compiled = torch.compile(ar_step, fullgraph=True, backend="aot_eager", dynamic=False)
     # the windowed steps a capturing device runs (a CPU run slices the cache exactly, one shape per token)
-    monkeypatch.setattr(generate_module, "uses_graphs", lambda choice, device: choice == "auto")
+    monkeypatch.setattr(step_graphs, "uses_graphs", lambda choice, device: choice == "auto")
     eager = [generate(model, Condition.classes([c]), SAMPLED, make_generators(c, 1), compile="off").tokens
              for c in (1, 4)]
     monkeypatch.setattr(generate_module, "ar_step", compiled)
@@ -163,7 +163,7 @@ def test_generate_through_a_replaying_runner_gives_the_eager_tokens(monkeypatch)
     """The captured path's control flow (registry, reset, replay per window) on the CPU, with stand-in graphs:
     the same tokens as eager, and the runner is reused for a second image."""
     use_stand_in_graphs(monkeypatch, step_graphs)
-    monkeypatch.setattr(generate_module, "uses_graphs", lambda choice, device: choice == "auto")
+    monkeypatch.setattr(step_graphs, "uses_graphs", lambda choice, device: choice == "auto")
     model = random_gpt(WIDE_C2I, seed=5)
     for seed in (0, 1):
         labels = [seed, 3]

@@ -14,7 +14,7 @@ from lantern_core.conditioning import Condition
 from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.decoding import step_graphs
 from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
-from lantern_core.decoding.jacobi_step import JacobiShape, jacobi_bands, jacobi_iteration, jacobi_window_extent
+from lantern_core.decoding.jacobi_step import JacobiShape, jacobi_bands, jacobi_iteration, jacobi_window
 from lantern_core.decoding.neighbors import build_neighbors
 from lantern_core.decoding.relaxation import Grouping, Relaxation
 from lantern_core.decoding.sampling import make_generators
@@ -81,18 +81,18 @@ def test_left_padded_prompts_match_the_step_by_step_decoder():
 def test_window_bands_cover_every_length():
     shape = JacobiShape(2, 1 + 100 + 9, 100, SAMPLED, JacobiConfig(window=8))
     bands = jacobi_bands(shape)
-    assert len(bands) == 2
+    assert [start for start, _ in bands] == [0, 64]
     for length in range(1, 100):
-        extent = jacobi_window_extent(length, shape, exact=False)
-        assert extent in bands and length + 9 <= extent <= shape.slots
-        assert jacobi_window_extent(length, shape, exact=True) == length + 9
+        start, keys = jacobi_window(length, shape, exact=False)
+        assert (start, keys) in bands and start <= length and length + 9 <= keys <= shape.slots
+        assert jacobi_window(length, shape, exact=True) == (length, length + 9)
 
 
 @pytest.mark.parametrize("name", ["lantern_delta", "sjd_repeat_above", "greedy"])
 def test_replayed_iterations_over_window_bands_give_the_eager_tokens(wide, monkeypatch, name):
     model, table = wide
     use_stand_in_graphs(monkeypatch, step_graphs)
-    monkeypatch.setattr(jacobi_module, "uses_graphs", lambda choice, device: choice == "auto")
+    monkeypatch.setattr(step_graphs, "uses_graphs", lambda choice, device: choice == "auto")
     runner = assert_capture_matches_eager(step_graphs, model,
                                           lambda seed, compile: run(model, [seed + 1], name, table, seed, compile))
     assert len(runner.graphs) >= 2 and sum(g.replays for g in runner.graphs.values()) > 0
@@ -106,7 +106,7 @@ def test_iteration_compiles_fullgraph_and_decodes_without_recompiling(wide, monk
     torch._dynamo.reset()
     model, table = wide
     eager = [run(model, [c], name, table, c, compile="off").tokens for c in (1, 4)]
-    monkeypatch.setattr(jacobi_module, "uses_graphs", lambda choice, device: choice == "auto")
+    monkeypatch.setattr(step_graphs, "uses_graphs", lambda choice, device: choice == "auto")
     compiled = torch.compile(jacobi_iteration, fullgraph=True, backend="aot_eager", dynamic=False)
     monkeypatch.setattr(jacobi_module, "jacobi_iteration", compiled)
     assert torch.equal(run(model, [1], name, table, 1, compile="off").tokens, eager[0])

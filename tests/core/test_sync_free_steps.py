@@ -16,6 +16,7 @@ from lantern_core.conditioning import Condition
 from lantern_core.decoding.jacobi import jacobi_generate
 from lantern_core.decoding.sampling import make_generators
 from lantern_core.decoding.speculative import speculative_generate
+from lantern_core.decoding import step_graphs
 from lantern_core.decoding.step_graphs import static_only
 from test_jacobi_step import MODES as JACOBI_MODES
 from test_tree_step import MODES as TREE_MODES, WIDE_C2I
@@ -51,8 +52,7 @@ def host_reads(ops: list[str]) -> set[str]:
 @pytest.fixture
 def windowed(monkeypatch):
     """Decode as a capturing device would (bucketed windows), eagerly."""
-    for module in (generate_module, speculative_module, jacobi_module):
-        monkeypatch.setattr(module, "uses_graphs", lambda choice, device: False if choice == "off" else True)
+    monkeypatch.setattr(step_graphs, "uses_graphs", lambda choice, device: choice == "auto")
 
 
 @pytest.fixture(scope="module")

@@ -104,7 +104,7 @@ def test_replayed_iterations_over_window_bands_give_the_eager_tokens(wide, monke
     and one runner serves a second image."""
     model, drafter, table = wide
     use_stand_in_graphs(monkeypatch, step_graphs)
-    monkeypatch.setattr(speculative_module, "uses_graphs", lambda choice, device: choice == "auto")
+    monkeypatch.setattr(step_graphs, "uses_graphs", lambda choice, device: choice == "auto")
     runner = assert_capture_matches_eager(step_graphs, model,
                                           lambda seed, compile: run(model, drafter, [seed + 1], name, table, seed, compile))
     assert len(runner.graphs) >= 2 and sum(g.replays for g in runner.graphs.values()) > 0
@@ -121,7 +121,7 @@ def test_iteration_compiles_fullgraph_and_decodes_without_recompiling(wide, monk
     torch._dynamo.reset()
     model, drafter, table = wide
     eager = [run(model, drafter, [c], name, table, c, compile="off").tokens for c in (1, 4)]
-    monkeypatch.setattr(speculative_module, "uses_graphs", lambda choice, device: choice == "auto")
+    monkeypatch.setattr(step_graphs, "uses_graphs", lambda choice, device: choice == "auto")
     compiled = torch.compile(tree_iteration, fullgraph=True, backend="aot_eager", dynamic=False)
     monkeypatch.setattr(speculative_module, "tree_iteration", compiled)
     assert torch.equal(run(model, drafter, [1], name, table, 1, compile="off").tokens, eager[0])
