@@ -41,7 +41,7 @@ class Condition:
         return cls(labels=torch.as_tensor(labels, dtype=torch.long, device=device).reshape(-1))
 
     def row(self, i: int) -> "Condition":
-        """The condition of sample i alone (speculative decoders draw one image at a time)."""
+        """The condition of sample i alone."""
         if self.labels is not None:
             return Condition(labels=self.labels[i:i + 1])
         if self.prompt_ids is not None:
@@ -49,6 +49,11 @@ class Condition:
                              uncond_ids=self.uncond_ids[i:i + 1], uncond_mask=self.uncond_mask[i:i + 1])
         mask = None if self.caption_mask is None else self.caption_mask[i:i + 1]
         return Condition(caption=self.caption[i:i + 1], caption_mask=mask)
+
+    def repeated(self, times: int) -> "Condition":
+        """Every sample repeated `times` times in a row (a batch of copies, e.g. a calibration batch)."""
+        return Condition(**{f: None if getattr(self, f) is None else getattr(self, f).repeat_interleave(times, 0)
+                            for f in self.__dataclass_fields__})
 
     def to(self, device: torch.device | str) -> "Condition":
         """The same condition with every tensor on `device`."""

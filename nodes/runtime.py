@@ -179,21 +179,23 @@ def previews_enabled() -> bool:
 
 
 def progress_callback(total_tokens: int, preview: Callable[[torch.Tensor, int], object] | None,
-                      preview_every: int, tokens_per_image: int | None = None) -> Callable[[int, int, torch.Tensor], None]:
+                      preview_every: int) -> Callable[[int, int, torch.Tensor], None]:
     """A lantern_core step callback: advances a ProgressBar in image tokens (which also raises on
-    Cancel) and, when previews are on, sends a partial-grid preview each time another `preview_every`
-    tokens are done (speculative steps jump several tokens). When images are drawn one after another,
-    `done` counts across them and `tokens` is the current image's row."""
+    Cancel) and, when previews are on, sends a partial-grid preview of image 0 each time another
+    `preview_every` tokens are done (speculative steps jump several tokens). `done` counts the tokens of the
+    whole batch; image 0's own progress is read from its row of `tokens` when images advance unevenly
+    (speculative batches mark cells not decoded yet with -1), else `done` is per image (plain AR)."""
     bar = comfy.utils.ProgressBar(total_tokens)
-    per_image = tokens_per_image or total_tokens
     last = [0]
 
     def on_step(done: int, total: int, tokens: torch.Tensor) -> None:
         image = None
-        in_image = done - (done - 1) // per_image * per_image  # cells done in the current image
         crossed = done // preview_every > last[0] // preview_every
-        if preview is not None and crossed and in_image < per_image:
-            image = preview(tokens, in_image)
+        if preview is not None and crossed:
+            per_image = tokens.shape[1]
+            in_image = done if total == per_image else int((tokens[0] >= 0).sum())  # one read, only when previewing
+            if in_image < per_image:
+                image = preview(tokens, in_image)
         last[0] = done
         bar.update_absolute(done, total, image)
         check_interrupt()

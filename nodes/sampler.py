@@ -95,7 +95,9 @@ def stats_payload(result: GenerationResult, decoding: LanternDecoding, descripti
                        acceptance_by_depth=[round(a, 4) for a in s.acceptance_by_depth],
                        accepted_histogram=s.accepted_histogram, drafter_forwards=s.drafter_forwards,
                        relaxed_tokens=s.relaxed_tokens, mean_tvd_spent=round(s.mean_absorbed, 5),
-                       max_tvd_spent=round(s.max_absorbed, 5))
+                       max_tvd_spent=round(s.max_absorbed, 5), batch_forwards=s.batch_forwards,
+                       accepted_length_per_image=[p["mean_accepted_length"] for p in s.per_image])
+    payload["heatmap_image"] = 0  # the heat map is image 0's (the first of the batch)
     return payload
 
 
@@ -108,6 +110,10 @@ def stats_text(payload: dict) -> str:
         text += f", tree {payload['tree']}, acceptance by depth [{depth}]"
         if payload["relaxed_tokens"]:
             text += f", TVD spent mean {payload['mean_tvd_spent']:.3f} max {payload['max_tvd_spent']:.3f}"
+        if payload["batch"] > 1:
+            lengths = " ".join(f"{a:.2f}" for a in payload["accepted_length_per_image"])
+            text += (f", the batch decoded together in {payload['batch_forwards']} forwards, mean accepted length "
+                     f"per image [{lengths}]")
     return text
 
 
@@ -146,15 +152,13 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
         patchers = [model.gpt, model.vq] if previews else [model.gpt]
         if speculative and not jacobi:
             patchers.insert(1, decoding.drafter.drafter)
-        memory = estimate_run_bytes(model.config, 1 if speculative else condition.batch, sampling.uses_cfg,
-                                    model.dtype)
+        memory = estimate_run_bytes(model.config, condition.batch, sampling.uses_cfg, model.dtype)
         device = runtime.place(patchers, memory_required=memory)
         condition = condition.to(device)
         n_tokens = model.config.num_image_tokens
         on_step = runtime.progress_callback(n_tokens * (condition.batch if speculative else 1),
                                             _preview_decoder(model, device) if previews else None,
-                                            preview_every=model.config.grid_size * max(1, model.config.grid_size // 8),
-                                            tokens_per_image=n_tokens)
+                                            preview_every=model.config.grid_size * max(1, model.config.grid_size // 8))
         generators = make_generators(seed, condition.batch, device)
         if jacobi:
             result = jacobi_generate(model.gpt.model, condition, sampling, decoding.spec, generators, neighbors,

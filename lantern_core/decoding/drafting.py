@@ -45,18 +45,20 @@ class DraftTree:
 
 
 class DrafterSession:
-    """The drafter's cache for one image's rows ([cond; uncond] with CFG). Slot s holds pair (f_s, x_{s+1}).
+    """The drafter's cache for the rows of G images ([cond G; uncond G] with CFG). Slot s holds pair
+    (f_s, x_{s+1}).
 
-    `length` (committed slots) and `root_feature` are device buffers updated in place, so a captured
-    iteration reads and writes the same memory on every replay. `known` mirrors the length on the host
-    while it is known there (after exact consumes); forwards given an explicit `window` never need it."""
+    `length` (rows,) committed slots per row (rows of a batch advance independently) and `root_feature`
+    are device buffers updated in place, so a captured iteration reads and writes the same memory on
+    every replay. `known` mirrors the (common) length on the host while it is known there (after exact
+    consumes of every row); forwards given an explicit `window` never need it."""
 
     def __init__(self, drafter: EagleDrafter, rows: int, max_len: int, key_valid: torch.Tensor):
         self.drafter = drafter
         self.cache = drafter.allocate_cache(rows, max_len)
         self.key_valid = key_valid  # (rows, >= max_len) bool, shared with the target
         device = key_valid.device
-        self.length = torch.zeros((), dtype=torch.long, device=device)
+        self.length = torch.zeros(rows, dtype=torch.long, device=device)
         self.known: int | None = 0
         # f^ predicting the root's children
         self.root_feature = torch.zeros(rows, drafter.config.dim, dtype=self.cache.keys.dtype, device=device)
@@ -75,15 +77,18 @@ class DrafterSession:
         return self.known + extent
 
     def consume(self, features: torch.Tensor, tokens: torch.Tensor, embeddings: torch.Tensor | None = None,
-                count: torch.Tensor | None = None, window: int | None = None) -> None:
+                count: torch.Tensor | None = None, window: int | None = None,
+                advance: torch.Tensor | None = None) -> None:
         """features (rows, T, dim), tokens (rows, T): append T accepted pairs, keep the last prediction.
         `embeddings` (rows, T, dim) replaces the token embeddings (see `prefix_inputs`). With `count` (a (1,)
-        device tensor <= T) only the first `count` pairs are real: all T are written (the rest land past
-        the new length, stale), the prediction of pair count-1 is kept and the length grows by `count`;
-        `window` (>= length + T) is then the static extent attended over."""
-        T = tokens.shape[1]
+        or per-row (rows,) device tensor, 1 <= count <= T) only the first `count` pairs of a row are real: all
+        T are written (the rest land past the new length, stale), the prediction of pair count-1 is kept and
+        the length grows by `count`; `window` (>= length + T for every row) is then the static extent attended
+        over. `advance` (rows,), when given, replaces `count` as the growth of the length (0 freezes a row
+        whose image is done)."""
+        rows, T = tokens.shape
         kv_len = self._window(T, window)
-        slots = self.length + torch.arange(T, device=tokens.device)
+        slots = self.length[:, None] + torch.arange(T, device=tokens.device)  # (rows, T)
         step = ForwardStep(slots.clamp(max=self._last_row), self.cache, kv_len=kv_len,
                            mask=attention_mask(self.key_valid, slots, kv_len), slots=slots)
         out = self.drafter(features, tokens, step, embeddings)  # (rows, T, dim)
@@ -92,8 +97,9 @@ class DrafterSession:
             self.length.add_(T)
             self.known = None if self.known is None else self.known + T
         else:
-            self.root_feature.copy_(out.index_select(1, count.view(1) - 1)[:, 0])
-            self.length.add_(count.view(()))
+            last = (count.view(-1) - 1).expand(rows)  # (rows,)
+            self.root_feature.copy_(out.gather(1, last[:, None, None].expand(rows, 1, out.shape[-1]))[:, 0])
+            self.length.add_(count.view(-1) if advance is None else advance)
             self.known = None
 
     def expand(self, features: torch.Tensor, tokens: torch.Tensor, depth: int, node_ids: torch.Tensor,
@@ -105,8 +111,8 @@ class DrafterSession:
         n = ancestry.shape[-1]
         kv_len = self._window(n, window)
         mask = window_mask(self.key_valid, self.length, ancestry, kv_len)  # (rows, 1, T, kv_len)
-        positions = (self.length + (depth - 1)).clamp(max=self._last_row).expand(T)
-        step = ForwardStep(positions, self.cache, kv_len=kv_len, mask=mask, slots=self.length + node_ids - 1)
+        positions = (self.length + (depth - 1)).clamp(max=self._last_row)[:, None].expand(rows, T)
+        step = ForwardStep(positions, self.cache, kv_len=kv_len, mask=mask, slots=self.length[:, None] + node_ids - 1)
         return self.drafter(features, tokens, step)
 
 
@@ -115,9 +121,10 @@ def prefix_inputs(drafter: EagleDrafter, model, prefix_ids: torch.Tensor | None,
     """The drafter's x_{s+1} over a prefix of T slots whose last pair holds the first image code `first`
     (a 0-d or (1,) tensor): LlamaGen feeds code 0 over the condition (LANTERN's zeros); a prompted family
     feeds the target's embeddings of the next prompt tokens (LANTERN's Anole drafter sees the prompt).
-    Returns (tokens (rows, T), embeddings (rows, T, dim) or None)."""
+    `first` may also hold one code per image (G,) of a batch. Returns (tokens (rows, T), embeddings (rows,
+    T, dim) or None)."""
     tokens = torch.zeros(rows, T, dtype=torch.long, device=first.device)
-    tokens[:, -1] = first.reshape(())
+    tokens[:, -1] = per_row(first.reshape(-1), rows)
     if prefix_ids is None:
         return tokens, None
     prompt = model.embed_prompt(prefix_ids[:, 1:])  # (rows, T-1, dim): embedding of token s+1 at slot s
@@ -183,8 +190,10 @@ def plan_static_tree(spec: TreeSpec, device: torch.device) -> StaticPlan:
 
 
 def index_tensor(index: int | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """An image-token index (a Python int, or a () / (1,) device tensor) as a (1,) long tensor."""
-    return torch.as_tensor(index, device=device).reshape(1)
+    """An image-token index (a Python int, or a () / (1,) device tensor) as a (1,) long tensor; per tree
+    (G,) indices (trees of a batch at different positions) as (G, 1), so index + depths is (G, T)."""
+    index = torch.as_tensor(index, device=device)
+    return index.reshape(1) if index.numel() == 1 else index.reshape(-1, 1)
 
 
 def noise_shapes(plan: StaticPlan, trees: int, vocab: int) -> list[tuple[int, int]]:
@@ -259,7 +268,7 @@ def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: Dyna
     for level in range(2, D + 1):
         slots = torch.arange((level - 2) * K, (level - 1) * K, device=device)  # this frontier's slots
         out = session.expand(feat_in, per_row(tok, rows), level - 1, slots + 1, ancestry, window)
-        child = distribution.log_probs(target.logits(out), (root_index + level).expand(K))
+        child = distribution.log_probs(target.logits(out), (root_index + level).expand(*root_index.shape[:-1], K))
         c_score, c_tok = child.topk(K, dim=-1)  # (G, K, K) log-probabilities
         c_score = (score[..., None] + c_score).reshape(G, K * K)  # cumulative
         c_tok = c_tok.reshape(G, K * K)

@@ -20,8 +20,9 @@ mass. They are not lossless; the mass they spend is reported in the stats. Greed
 0) always uses the exact rule.
 
 Rollback is free: accepted tokens already sit in consecutive cache slots; slots past the committed length
-are stale and overwritten by the next window. One image at a time (rows = [cond; uncond] with CFG); image i
-uses generator i. Each iteration is one static-shape `jacobi_iteration` (`jacobi_step.py`), replayed from a
+are stale and overwritten by the next window. A batch of B images runs together (rows = [cond B; uncond B]
+with CFG): one forward verifies every image's window, each image accepts its own run and advances on its
+own; image i draws only from generator i, so it equals a single run with that generator. Each iteration is one static-shape `jacobi_iteration` (`jacobi_step.py`), replayed from a
 CUDA graph with compile "auto" on CUDA; this module prefills, draws the first token and loops, reading
 the number of tokens done once per iteration. The `auto` window is chosen from the measured forward-cost
 curve (`jacobi_window.py`). This module does not pick devices or load files.
@@ -45,7 +46,7 @@ from ..models.gpt import ImageTransformer
 from .relaxation import Grouping, Relaxation
 from .sampling import Generators, generator_for, sample_from_probs
 from ..layout import extend_neighbors
-from .speculative import NodeDistributions, RunTally, check_neighbors, weights_digest
+from .speculative import NodeDistributions, RunTally, check_neighbors, progress_tokens, weights_digest
 from .step_graphs import RunLayout, StepRunner, layout_for, runner
 
 INITS = ("random", "sample_left", "repeat_left", "repeat_above")
@@ -108,10 +109,11 @@ def judge_window(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, uniform
                  greedy: bool = False) -> WindowVerdict:
     """p (w+1, V) target at each window position, q (w, V) the drafts' distributions, drafts (w,),
     uniforms (w+1,): `jacobi_step.judge_run` over a full window, with the accepted count read on the host."""
-    width = torch.tensor(drafts.numel(), device=p.device)
-    verdict = judge_run(p, q, drafts, uniforms, width, config, neighbors, relaxable, greedy)
+    width = torch.tensor([drafts.numel()], device=p.device)
+    verdict = judge_run(p[None], q[None], drafts[None], None if uniforms is None else uniforms[None], width, config,
+                        neighbors, None if relaxable is None else relaxable[None], greedy)
     a = int(verdict.accepted)
-    return WindowVerdict(a, verdict.token, verdict.gain[:a])
+    return WindowVerdict(a, verdict.token, verdict.gain[0, :a])
 
 
 # ---------------------------------------------------------------------------------------------- decoding
@@ -121,7 +123,9 @@ def judge_window(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, uniform
 def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
                     generator: Generators = None, neighbors: torch.Tensor | None = None,
                     on_step: StepCallback | None = None, compile: str = "auto") -> GenerationResult:
-    """Sample `condition.batch` images with speculative Jacobi decoding; image i uses generator[i].
+    """Sample `condition.batch` images together with speculative Jacobi decoding; image i uses generator[i].
+    `on_step` gets the tokens done by the whole batch, out of B x N, and the (B, N) tokens (-1 past each
+    image's progress).
     `neighbors` (V, >= k) is needed for relaxation / grouping with k > 0. `compile` "auto" replays each
     iteration from a CUDA graph on CUDA (`jacobi_step.py`); "off" runs eagerly."""
     start = time.perf_counter()
@@ -130,17 +134,18 @@ def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: Sam
     N, B = model.config.num_image_tokens, condition.batch
     window, note = config.window, ""
     if window == "auto":
-        choice = _auto_window(model, condition.row(0), sampling, config, neighbors)
+        choice = _auto_window(model, condition.row(0), sampling, config, neighbors, B)
         window, note = choice.window, f" (auto; {choice.note})"
     tokens = torch.empty(B, N, dtype=torch.long, device=device)
     per_cell = torch.ones(B, N, dtype=torch.int32, device=device)
     tally = RunTally(device)
-    for i in range(B):
-        def report(done: int, _i=i) -> None:
-            if on_step is not None:
-                on_step(_i * N + done, B * N, tokens[_i:_i + 1])
-        _decode_one(model, condition.row(i), sampling, replace(config, window=window), generator_for(generator, i),
-                    neighbors, tokens[i], per_cell[i], tally, report, compile)
+
+    def report(done: list[int]) -> None:
+        if on_step is not None:
+            on_step(sum(min(d, N) for d in done), B * N, tokens)
+
+    _decode_batch(model, condition, sampling, replace(config, window=window),
+                  [generator_for(generator, i) for i in range(B)], neighbors, tokens, per_cell, tally, report, compile)
     synchronize(device)
     stats = tally.to_stats(B, N, time.perf_counter() - start, config.describe(window) + note)
     return GenerationResult(tokens, stats, per_cell)
@@ -161,11 +166,12 @@ def jacobi_runner(model: ImageTransformer, shape: JacobiShape, dist: NodeDistrib
                   model.tok_embeddings.weight.device)
 
 
-def _decode_one(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
-                generator: torch.Generator | None, neighbors: torch.Tensor | None, out: torch.Tensor,
-                per_cell: torch.Tensor, tally: RunTally, report, compile: str = "off") -> None:
-    """Decode one image into `out` (N,) with an integer window: eager prefill and first token, then a loop of
-    `jacobi_iteration`s (captured on CUDA), reading the number of tokens done once per iteration."""
+def _decode_batch(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
+                  generators: list[torch.Generator | None], neighbors: torch.Tensor | None, out: torch.Tensor,
+                  per_cell: torch.Tensor, tally: RunTally, report, compile: str = "off") -> None:
+    """Decode a batch of G images into `out` (G, N) with an integer window: eager prefill and first tokens,
+    then a loop of `jacobi_iteration`s over all of them (captured on CUDA) until the last is done, reading
+    the tokens done of every image once per iteration."""
     t0 = time.perf_counter()
     N, W = model.config.num_image_tokens, config.window
     dist = NodeDistributions(sampling, sampling.uses_cfg, model.constrain_logits)
@@ -174,6 +180,7 @@ def _decode_one(model: ImageTransformer, condition: Condition, sampling: Samplin
     device = prefix.embeddings.device
     layout = layout_for(compile, device)
     shape = JacobiShape(rows, slots_for(T, N + W + 1, layout.slot_bucket), N, sampling, config)
+    G = shape.images
     step_runner = jacobi_runner(model, shape, dist, neighbors, layout)
     state: JacobiState = step_runner.buffers
     try:
@@ -182,26 +189,33 @@ def _decode_one(model: ImageTransformer, condition: Condition, sampling: Samplin
             state.neighbors.copy_(neighbors)
         hidden = prefill(model, prefix, state.cache, state.key_valid)
         first_p = JacobiContext(model, shape, dist).target(model.logits(hidden[:, -1:]),
-                                                           torch.zeros(1, dtype=torch.long, device=device))  # (1, V)
-        first = first_p.argmax(-1) if sampling.greedy else \
-            sample_from_probs(first_p, torch.rand(1, generator=generator, device=device))
-        out[0] = first[0]
-        state.start_image(T, first, first_p[0])
+                                                           torch.zeros(1, dtype=torch.long, device=device))[:, 0]  # (G, V)
+        if sampling.greedy:
+            first = first_p.argmax(-1)
+        else:
+            first = sample_from_probs(first_p, torch.cat([torch.rand(1, generator=g, device=device) for g in generators]))
+        state.start_image(T, first, first_p)
         if state.gumbel is not None:  # coupled: one noise row per absolute image position, drawn per image
-            u = torch.rand(state.gumbel.shape, generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
-            state.gumbel.copy_(-(-u.log()).log())
+            for g, generator in enumerate(generators):
+                u = torch.rand(state.gumbel.shape[1:], generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
+                state.gumbel[g].copy_(-(-u.log()).log())
+        progress_tokens(out, state.canvas, state.done)
         tally.prefill_s += time.perf_counter() - t0
-        report(1)
-        done, accepted, width = 1, 0, 0
-        while done < N:
-            w = min(W, N - done)  # never draft past the last image token
-            draw_jacobi_noise(state, shape, generator, width - accepted, w)
-            step_runner.run(jacobi_window(T + done - 1, shape, layout.exact))
-            now = int(state.done)  # the one host read per iteration
-            accepted, width, done = now - done - 1, w, now
-            out.copy_(state.canvas[:N])
-            report(min(done, N))
-        per_cell.copy_(state.per_cell[:N])
+        tally.batches += 1
+        done, accepted, width = [1] * G, [0] * G, [0] * G
+        report(done)
+        while min(done) < N:
+            active = [d < N for d in done]
+            w = [min(W, N - d) for d in done]  # never draft past the last image token
+            draw_jacobi_noise(state, shape, generators, [wd - a for wd, a in zip(width, accepted)], w, active)
+            step_runner.run(jacobi_window(T + max(d for d in done if d < N) - 1, shape, layout.exact))
+            tally.batch_iterations += 1
+            now = state.done.tolist()  # the one host read per iteration
+            accepted = [n - d - 1 if a else 0 for n, d, a in zip(now, done, active)]
+            width, done = w, now
+            progress_tokens(out, state.canvas, state.done)
+            report(done)
+        per_cell.copy_(state.per_cell[:, :N])
         tally.add_run(state)
     finally:
         tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
@@ -220,20 +234,21 @@ def _auto_key(sampling: SamplingConfig, config: JacobiConfig, device: torch.devi
 
 
 def _auto_window(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
-                 neighbors: torch.Tensor | None) -> WindowChoice:
-    """Once per model, sampling setting, rule and device: decode one scratch image (fixed seed, output
-    discarded) with the largest window to measure how far drafts get accepted, then pick the window with
-    the most tokens per second on the measured cost curve. The user's seeds are untouched."""
+                 neighbors: torch.Tensor | None, batch: int = 1) -> WindowChoice:
+    """Once per model, sampling setting, rule, device and batch size: decode one scratch image (fixed seed,
+    output discarded) with the largest window to measure how far drafts get accepted, then pick the window
+    with the most tokens per second on the cost curve measured at the batch's rows. The user's seeds are
+    untouched."""
     weight = model.tok_embeddings.weight
-    key = _auto_key(sampling, config, weight.device, weight.dtype)
+    key = (_auto_key(sampling, config, weight.device, weight.dtype), batch)
     cached = _WINDOWS.setdefault(weights_digest(model), {})
     if key not in cached:
         scratch = RunTally(weight.device)
         N = model.config.num_image_tokens
-        _decode_one(model, condition, sampling, replace(config, window=config.max_window),
-                    torch.Generator(device=weight.device).manual_seed(0), neighbors,
-                    torch.empty(N, dtype=torch.long, device=weight.device),
-                    torch.ones(N, dtype=torch.int32, device=weight.device), scratch, lambda done: None)
-        costs = target_costs(model, 2 if sampling.uses_cfg else 1, config.max_window + 1)
+        _decode_batch(model, condition, sampling, replace(config, window=config.max_window),
+                      [torch.Generator(device=weight.device).manual_seed(0)], neighbors,
+                      torch.empty(1, N, dtype=torch.long, device=weight.device),
+                      torch.ones(1, N, dtype=torch.int32, device=weight.device), scratch, lambda done: None)
+        costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1), config.max_window + 1)
         cached[key] = choose_window(scratch.histogram, costs, config.max_window)
     return cached[key]

@@ -9,7 +9,10 @@ the accepted drafts plus one token. Near the end of the image the active width w
 device value: drafts past it are never accepted, so the shapes stay those of `JacobiShape`. Randomness is
 drawn by `draw_jacobi_noise` before each iteration, outside any captured region, in the order and sizes the
 step-by-step decoder drew it (its sizes follow from the number of tokens done, which the loop reads once per
-iteration). The decode loop, prefill, window choice and the rules' documentation live in `jacobi.py`.
+iteration). Every tensor carries the G images of a batch: each image has its own window position, drafts,
+width and verdict, and advances on its own in the static KV cache; an image that is done keeps running
+(static shapes) with its length frozen and nothing kept or counted. The decode loop, prefill, window
+choice and the rules' documentation live in `jacobi.py`.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from ..config import SamplingConfig
 from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import KVCache, attention_mask
 from .acceptance import absorbed_set, normalise
+from .drafting import per_row
 from .relaxation import group_mass, relax
 from .sampling import sample_from_probs
 from .step_graphs import SLOT_BUCKET, band_starts, band_window
@@ -31,8 +35,9 @@ DRAWN_INITS = ("random", "sample_left")  # initialisations that draw fresh token
 
 @dataclass(frozen=True)
 class JacobiShape:
-    """What fixes an iteration's shapes and code: rows (2 with CFG), cache slots, image tokens, the sampling
-    settings, and the `JacobiConfig` (with an integer window) whose rule it bakes in."""
+    """What fixes an iteration's shapes and code: rows (G images, [cond G; uncond G] with CFG), cache slots,
+    image tokens, the sampling settings, and the `JacobiConfig` (with an integer window) whose rule it bakes
+    in."""
 
     rows: int
     slots: int
@@ -43,6 +48,11 @@ class JacobiShape:
     @property
     def window(self) -> int:
         return self.config.window
+
+    @property
+    def images(self) -> int:
+        """G: images decoded together."""
+        return self.rows // 2 if self.sampling.uses_cfg else self.rows
 
 
 def jacobi_window(length: int, shape: JacobiShape, exact: bool) -> tuple[int, int]:
@@ -62,26 +72,26 @@ def jacobi_bands(shape: JacobiShape) -> list[tuple[int, int]]:
 
 @dataclass
 class JacobiState:
-    """The static tensors of one Jacobi run shape, allocated once and reused across images."""
+    """The static tensors of one Jacobi run shape (G images), allocated once and reused across batches."""
 
     cache: KVCache  # (L, rows, H_kv, slots, D)
     key_valid: torch.Tensor  # (rows, slots) bool
-    length: torch.Tensor  # () long committed slots
-    done: torch.Tensor  # () long image tokens emitted
-    canvas: torch.Tensor  # (N + W + 1,) long: emitted tokens, then the current drafts
-    per_cell: torch.Tensor  # (N + W + 1,) int32
-    drafts: torch.Tensor  # (W,) long
-    q: torch.Tensor  # (W, V) the distribution each draft was drawn from
-    proposed: torch.Tensor  # (W,) bool: drawn from the model's own prediction (relaxable)
-    p_prev: torch.Tensor  # (W + 1, V) the last judge's target rows (the next Jacobi update)
-    accepted_prev: torch.Tensor  # () long drafts the last judge accepted
-    width_prev: torch.Tensor  # () long the last judge's active width
-    judge_uniforms: torch.Tensor  # (W + 1,)
-    draw_uniforms: torch.Tensor  # (W,) for sampled (uncoupled) refills
+    length: torch.Tensor  # (rows,) long committed slots per row
+    done: torch.Tensor  # (G,) long image tokens emitted
+    canvas: torch.Tensor  # (G, N + 2W + 2) long: emitted tokens, then the current drafts
+    per_cell: torch.Tensor  # (G, N + 2W + 2) int32
+    drafts: torch.Tensor  # (G, W) long
+    q: torch.Tensor  # (G, W, V) the distribution each draft was drawn from
+    proposed: torch.Tensor  # (G, W) bool: drawn from the model's own prediction (relaxable)
+    p_prev: torch.Tensor  # (G, W + 1, V) the last judge's target rows (the next Jacobi update)
+    accepted_prev: torch.Tensor  # (G,) long drafts the last judge accepted
+    width_prev: torch.Tensor  # (G,) long the last judge's active width
+    judge_uniforms: torch.Tensor  # (G, W + 1)
+    draw_uniforms: torch.Tensor  # (G, W) for sampled (uncoupled) refills
     uniform_q: torch.Tensor  # (W, V) 1 / V, the random initialisation's law
-    gumbel: torch.Tensor | None  # (N + W + 1, V) coupled drafting's per-position noise, drawn per image
+    gumbel: torch.Tensor | None  # (G, N + W + 1, V) coupled drafting's per-position noise, drawn per image
     neighbors: torch.Tensor | None
-    histogram: torch.Tensor  # (W + 1,) long iterations by drafts accepted
+    histogram: torch.Tensor  # (G, W + 1) long iterations by drafts accepted, per image
     absorbed: torch.Tensor  # (2,) relaxed / grouped mass: sum and max over accepted drafts
     relaxed: torch.Tensor  # () long
     forwards_per_iteration: int = 0  # drafter forwards (none)
@@ -89,21 +99,23 @@ class JacobiState:
     @classmethod
     def allocate(cls, model: ImageTransformer, shape: JacobiShape, neighbors: torch.Tensor | None) -> "JacobiState":
         device = model.tok_embeddings.weight.device
-        N, V, W = shape.image_tokens, model.config.vocab_size, shape.window
+        N, V, W, G = shape.image_tokens, model.config.vocab_size, shape.window, shape.images
         long = dict(dtype=torch.long, device=device)
         coupled = shape.config.coupled and not shape.sampling.greedy
+        padded = N + 2 * W + 2
         return cls(
             cache=model.allocate_cache(shape.rows, shape.slots),
             key_valid=torch.ones(shape.rows, shape.slots, dtype=torch.bool, device=device),
-            length=torch.zeros((), **long), done=torch.ones((), **long), canvas=torch.zeros(N + W + 1, **long),
-            per_cell=torch.ones(N + W + 1, dtype=torch.int32, device=device), drafts=torch.zeros(W, **long),
-            q=torch.full((W, V), 1.0 / V, device=device), proposed=torch.zeros(W, dtype=torch.bool, device=device),
-            p_prev=torch.full((W + 1, V), 1.0 / V, device=device), accepted_prev=torch.zeros((), **long),
-            width_prev=torch.zeros((), **long), judge_uniforms=torch.full((W + 1,), 0.5, device=device),
-            draw_uniforms=torch.full((W,), 0.5, device=device), uniform_q=torch.full((W, V), 1.0 / V, device=device),
-            gumbel=torch.zeros(N + W + 1, V, device=device) if coupled else None,
+            length=torch.zeros(shape.rows, **long), done=torch.ones(G, **long), canvas=torch.zeros(G, padded, **long),
+            per_cell=torch.ones(G, padded, dtype=torch.int32, device=device), drafts=torch.zeros(G, W, **long),
+            q=torch.full((G, W, V), 1.0 / V, device=device),
+            proposed=torch.zeros(G, W, dtype=torch.bool, device=device),
+            p_prev=torch.full((G, W + 1, V), 1.0 / V, device=device), accepted_prev=torch.zeros(G, **long),
+            width_prev=torch.zeros(G, **long), judge_uniforms=torch.full((G, W + 1), 0.5, device=device),
+            draw_uniforms=torch.full((G, W), 0.5, device=device), uniform_q=torch.full((W, V), 1.0 / V, device=device),
+            gumbel=torch.zeros(G, N + W + 1, V, device=device) if coupled else None,
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),
-            histogram=torch.zeros(W + 1, **long), absorbed=torch.zeros(2, device=device),
+            histogram=torch.zeros(G, W + 1, **long), absorbed=torch.zeros(2, device=device),
             relaxed=torch.zeros((), **long))
 
     def reset_counters(self) -> None:
@@ -111,19 +123,19 @@ class JacobiState:
             t.zero_()
 
     def start_image(self, prefix_len: int, first: torch.Tensor, first_p: torch.Tensor) -> None:
-        """After the prefill and the first token: the first refill initialises all W positions (no carried
-        rows) and `sample_left` draws them from the first prediction `first_p` (V,)."""
+        """After the prefill and the first tokens `first` (G,): the first refill initialises all W positions (no
+        carried rows) and `sample_left` draws them from the first predictions `first_p` (G, V)."""
         self.canvas.zero_()
-        self.canvas[0] = first.reshape(())
+        self.canvas[:, 0] = first.reshape(-1)
         self.per_cell.fill_(1)
         self.length.fill_(prefix_len)
         self.done.fill_(1)
         self.accepted_prev.zero_()
         self.width_prev.zero_()
-        self.p_prev[0] = first_p
+        self.p_prev[:, 0] = first_p
 
     def reset_for_warmup(self, start: int) -> None:
-        self.start_image(start, torch.zeros((), dtype=torch.long, device=self.canvas.device), self.p_prev[0].clone())
+        self.start_image(start, torch.zeros_like(self.done), self.p_prev[:, 0].clone())
 
     def release(self) -> None:
         self.cache.release()
@@ -140,10 +152,11 @@ class JacobiContext:
     dist: Any  # speculative.NodeDistributions of the run
 
     def target(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """(rows, n, V) logits -> (n, V) what the sampler samples from (softmax of the CFG mix when greedy)."""
+        """(rows, n, V) logits, image-token indices (n,) or (G, n) -> (G, n, V) what the sampler samples from
+        (softmax of the CFG mix when greedy)."""
         if self.shape.sampling.greedy:
-            return self.dist.combine(logits, index).softmax(-1)[0]
-        return self.dist(logits, index)[0]
+            return self.dist.combine(logits, index).softmax(-1)
+        return self.dist(logits, index)
 
 
 def refill_draws(shape: JacobiShape, carried: int) -> int:
@@ -153,46 +166,56 @@ def refill_draws(shape: JacobiShape, carried: int) -> int:
     return shape.window if shape.config.init in DRAWN_INITS else carried
 
 
-def draw_jacobi_noise(state: JacobiState, shape: JacobiShape, generator: torch.Generator | None, carried: int,
-                      width: int) -> None:
-    """Fill the next iteration's uniforms from the image's generator: the refill's (`carried` Jacobi rows),
-    then the judge's w + 1 (`width` = w). Runs eagerly, outside capture."""
+def draw_jacobi_noise(state: JacobiState, shape: JacobiShape, generators: list[torch.Generator | None],
+                      carried: list[int], widths: list[int], active: list[bool]) -> None:
+    """Fill the next iteration's uniforms, image g from `generators[g]`: the refill's (`carried[g]` Jacobi
+    rows), then the judge's w + 1 (`widths[g]` = w), as a single run of that image draws them. Images not
+    `active` draw nothing. Runs eagerly, outside capture."""
     if shape.sampling.greedy:
         return
-    count = refill_draws(shape, carried)
-    if count:
-        state.draw_uniforms[:count].uniform_(0.0, 1.0, generator=generator)
-    state.judge_uniforms[:width + 1].uniform_(0.0, 1.0, generator=generator)
+    for g, generator in enumerate(generators):
+        if not active[g]:
+            continue
+        count = refill_draws(shape, carried[g])
+        if count:
+            state.draw_uniforms[g, :count].uniform_(0.0, 1.0, generator=generator)
+        state.judge_uniforms[g, :widths[g] + 1].uniform_(0.0, 1.0, generator=generator)
 
 
 def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """One token per row of probs (W, V): argmax when greedy, Gumbel-max with the positions' noise when
-    coupled, else inverse-CDF sampling with the refill's uniforms (row j uses uniform j)."""
+    """One token per row of probs (G, W, V): argmax when greedy, Gumbel-max with the positions' (G, W) noise
+    when coupled, else inverse-CDF sampling with the refill's uniforms (row j uses uniform j)."""
     if shape.sampling.greedy:
         return probs.argmax(-1)
     if state.gumbel is not None:
-        return (probs.clamp(min=0).log() + state.gumbel.index_select(0, positions)).argmax(-1)
-    return sample_from_probs(probs, state.draw_uniforms)
+        index = positions.clamp(max=state.gumbel.shape[1] - 1)[..., None].expand(-1, -1, probs.shape[-1])
+        return (probs.clamp(min=0).log() + state.gumbel.gather(1, index)).argmax(-1)
+    G, W, V = probs.shape
+    return sample_from_probs(probs.reshape(G * W, V), state.draw_uniforms.reshape(-1)).view(G, W)
 
 
 def refill(ctx: JacobiContext, state: JacobiState) -> None:
-    """New drafts for positions done .. done+W-1: the first c = w - a rows re-drawn from the last judge's
-    predictions for them (Jacobi update), the rest initialised per `config.init`."""
+    """New drafts for positions done .. done+W-1 of every image: the first c = w - a rows re-drawn from the
+    last judge's predictions for them (Jacobi update), the rest initialised per `config.init`."""
     shape = ctx.shape
     W, init, grid = shape.window, shape.config.init, ctx.model.config.row_stride
+    G, V = state.drafts.shape[0], state.q.shape[-1]
     j = torch.arange(W, device=state.canvas.device)
-    carried = j < (state.width_prev - state.accepted_prev)  # (W,)
-    rows = (state.accepted_prev + 1 + j).clamp(max=W)
-    p_carry = state.p_prev.index_select(0, rows)  # (W, V) the prediction for each carried position
-    positions = state.done + j  # (W,) absolute image positions
+    carried = j < (state.width_prev - state.accepted_prev)[:, None]  # (G, W)
+    rows = (state.accepted_prev[:, None] + 1 + j).clamp(max=W)  # (G, W)
+    p_carry = state.p_prev.gather(1, rows[..., None].expand(-1, -1, V))  # (G, W, V) prediction per carried position
+    positions = state.done[:, None] + j  # (G, W) absolute image positions
     if init in DRAWN_INITS:
-        fresh_q = state.uniform_q if init == "random" else state.p_prev.index_select(0, state.width_prev.view(1)).expand(W, -1)
-        q = torch.where(carried[:, None], p_carry, fresh_q)
+        if init == "random":
+            fresh_q = state.uniform_q[None]
+        else:
+            fresh_q = state.p_prev.gather(1, state.width_prev[:, None, None].expand(-1, 1, V)).expand(-1, W, -1)
+        q = torch.where(carried[..., None], p_carry, fresh_q)
         tokens = _draw(shape, state, q, positions)
     else:  # repeat_left / repeat_above: copy an earlier token (carried ones written first)
         moved = _draw(shape, state, p_carry, positions)
-        state.canvas.index_copy_(0, positions, torch.where(carried, moved, state.canvas.index_select(0, positions)))
-        start = state.done + (state.width_prev - state.accepted_prev)  # first initialised position
+        state.canvas.scatter_(1, positions, torch.where(carried, moved, state.canvas.gather(1, positions)))
+        start = (state.done + (state.width_prev - state.accepted_prev))[:, None]  # (G, 1) first initialised position
         source = positions
         for _ in range(W):  # follow copies of copies back to a position before `start` (fixed trip)
             if init == "repeat_above":
@@ -200,12 +223,12 @@ def refill(ctx: JacobiContext, state: JacobiState) -> None:
             else:
                 earlier = source - 1
             source = torch.where(source >= start, earlier, source)
-        tokens = torch.where(carried, moved, state.canvas.index_select(0, source))
-        point = torch.zeros_like(p_carry).scatter_(1, tokens[:, None], 1.0)  # point masses (one_hot would sync on CUDA)
-        q = torch.where(carried[:, None], p_carry, point)
-    state.canvas.index_copy_(0, positions, tokens)
+        tokens = torch.where(carried, moved, state.canvas.gather(1, source))
+        point = torch.zeros_like(p_carry).scatter_(2, tokens[..., None], 1.0)  # point masses (one_hot would sync on CUDA)
+        q = torch.where(carried[..., None], p_carry, point)
+    state.canvas.scatter_(1, positions, tokens)
     state.drafts.copy_(tokens)
-    state.q.copy_(q)
+    state.q.copy_(q.expand(G, W, V))
     state.proposed.copy_(carried)
 
 
@@ -216,92 +239,108 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class StaticVerdict:
-    accepted: torch.Tensor  # () long leading drafts accepted (<= the active width)
-    token: torch.Tensor  # (1,) the token after them
-    gain: torch.Tensor  # (W,) relaxed / grouped mass each accepted draft used, 0 elsewhere
+    accepted: torch.Tensor  # (G,) long leading drafts accepted (<= the active width)
+    token: torch.Tensor  # (G,) the token after them
+    gain: torch.Tensor  # (G, W) relaxed / grouped mass each accepted draft used, 0 elsewhere
 
 
 def judge_run(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, uniforms: torch.Tensor | None,
               width: torch.Tensor, config, neighbors: torch.Tensor | None, relaxable: torch.Tensor | None = None,
               greedy: bool = False) -> StaticVerdict:
-    """p (W+1, V) target at each window position, q (W, V) the drafts' distributions, drafts (W,), uniforms
-    (>= width+1,): the acceptance tests of every position at once, drafts past `width` (() long) never
-    accepted, then the leading run and the token after it: the residual max(0, p - q) at a rejection (with
-    LANTERN's absorbed set carved out of q), p itself after the whole run. Relaxed / grouped rules apply where
-    `relaxable` (W,) is True (default everywhere); other positions are judged exactly. No host read."""
-    W = drafts.numel()
-    rows = torch.arange(W, device=p.device)
-    gain = torch.zeros(W, dtype=p.dtype, device=p.device)
+    """For G windows: p (G, W+1, V) target at each window position, q (G, W, V) the drafts' distributions,
+    drafts (G, W), uniforms (G, >= width+1): the acceptance tests of every position at once, drafts past
+    `width` ((G,) long) never accepted, then the leading run and the token after it: the residual
+    max(0, p - q) at a rejection (with LANTERN's absorbed set carved out of q), p itself after the whole run.
+    Relaxed / grouped rules apply where `relaxable` (G, W) is True (default everywhere); other positions are
+    judged exactly. No host read."""
+    G, W = drafts.shape
+    V = p.shape[-1]
+    device = p.device
+    cols = torch.arange(W, device=device)
+    flat_p, flat_q, flat_x = p[:, :W].reshape(G * W, V), q.reshape(G * W, V), drafts.reshape(-1)  # (G*W, ...)
+    gain = torch.zeros(G, W, dtype=p.dtype, device=device)
     count = None
     if greedy:
-        ok = drafts == p[:W].argmax(-1)
+        ok = drafts == p[:, :W].argmax(-1)
     else:
-        target, draft = p[rows, drafts], q[rows, drafts]
+        target = flat_p.gather(1, flat_x[:, None]).view(G, W)
+        draft = flat_q.gather(1, flat_x[:, None]).view(G, W)
         if relaxable is None:
-            relaxable = torch.ones(W, dtype=torch.bool, device=p.device)
+            relaxable = torch.ones(G, W, dtype=torch.bool, device=device)
         if config.relaxation is not None:
-            mass = relax(p[:W], drafts, neighbors, config.relaxation)
-            count = torch.where(relaxable, mass.count, torch.zeros_like(mass.count))
-            gain = torch.where(relaxable, mass.absorbed, gain)
+            mass = relax(flat_p, flat_x, neighbors, config.relaxation)
+            count = torch.where(relaxable, mass.count.view(G, W), torch.zeros_like(drafts))
+            gain = torch.where(relaxable, mass.absorbed.view(G, W), gain)
             target = target + gain
         elif config.grouping is not None:
-            group = group_mass(p[:W], q, drafts, neighbors, config.grouping)
-            target = torch.where(relaxable, group.target, target)
-            draft = torch.where(relaxable, group.draft, draft)
-            gain = target - p[rows, drafts]
-        ok = uniforms[:W] * draft < target  # u < target / draft without dividing (draft > 0 for a drawn token)
-    ok = ok & (rows < width)
-    a = ok.long().cumprod(0).sum()  # () the leading run
-    p_a = p.index_select(0, a.view(1))  # (1, V)
+            group = group_mass(flat_p, flat_q, flat_x, neighbors, config.grouping)
+            exact_target = target
+            target = torch.where(relaxable, group.target.view(G, W), target)
+            draft = torch.where(relaxable, group.draft.view(G, W), draft)
+            gain = target - exact_target
+        ok = uniforms[:, :W] * draft < target  # u < target / draft without dividing (draft > 0 for a drawn token)
+    ok = ok & (cols < width[:, None])
+    a = ok.long().cumprod(1).sum(1)  # (G,) the leading run
+    p_a = p.gather(1, a[:, None, None].expand(-1, 1, V))[:, 0]  # (G, V)
     if greedy:
         token = p_a.argmax(-1)
     else:
-        at = a.clamp(max=W - 1).view(1)
-        q_row = q.index_select(0, at)
+        at = a.clamp(max=W - 1)[:, None]  # (G, 1)
+        q_row = q.gather(1, at[..., None].expand(-1, 1, V))[:, 0]  # (G, V)
         if count is not None and config.relaxation.k > 0:  # LANTERN: the absorbed set leaves q, as in the tree walk
-            q_row = q_row.masked_fill(absorbed_set(drafts.index_select(0, at), count.index_select(0, at), neighbors,
-                                                   config.relaxation.k, p.shape[-1]), 0.0)
-        probs = torch.where(a < width, residual_distribution(p_a, q_row), p_a)
-        token = sample_from_probs(probs, uniforms.index_select(0, width.view(1)))
-    return StaticVerdict(a, token, torch.where(rows < a, gain, torch.zeros_like(gain)))
+            q_row = q_row.masked_fill(absorbed_set(drafts.gather(1, at)[:, 0], count.gather(1, at)[:, 0], neighbors,
+                                                   config.relaxation.k, V), 0.0)
+        probs = torch.where((a < width)[:, None], residual_distribution(p_a, q_row), p_a)
+        token = sample_from_probs(probs, uniforms.gather(1, width.clamp(min=0)[:, None])[:, 0])
+    return StaticVerdict(a, token, torch.where(cols < a[:, None], gain, torch.zeros_like(gain)))
 
 
 def forward_window(model: ImageTransformer, state, feed: torch.Tensor, window: int | None = None) -> torch.Tensor:
     """Feed tokens (n,) at the committed length of `state` (anything with `cache`, `key_valid` and an int or
-    () device `length`); written, not committed. Attends over `window` slots (default length + n, exact).
-    Returns logits (rows, n, V)."""
-    rows, n = state.key_valid.shape[0], feed.numel()
+    () device `length`), or per image (G, n) at per-row lengths (rows,); written, not committed. Attends over
+    `window` slots (default length + n, exact). Returns logits (rows, n, V)."""
+    rows, n = state.key_valid.shape[0], feed.shape[-1]
     window = state.length + n if window is None else window
-    slots = state.length + torch.arange(n, device=feed.device)
+    if feed.dim() == 2:  # per image, per-row lengths
+        slots = state.length[:, None] + torch.arange(n, device=feed.device)  # (rows, n)
+        inputs = per_row(feed, rows)
+    else:
+        slots = state.length + torch.arange(n, device=feed.device)  # (n,)
+        inputs = feed[None].expand(rows, -1)
     step = ForwardStep(slots.clamp(max=model.rope_table.shape[0] - 1), state.cache, kv_len=window,
                        mask=attention_mask(state.key_valid, slots, window), slots=slots)
-    return model.logits(model(model.embed_tokens(feed[None].expand(rows, -1)), step))
+    return model.logits(model(model.embed_tokens(inputs), step))
 
 
 def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> None:
-    """Refill the drafts, verify [last token; drafts] in one forward attending over `window` cache slots,
-    judge and emit. Shapes depend on `ctx.shape` and `window` only; nothing reads the host."""
+    """Refill every image's drafts, verify [last token; drafts] of all images in one forward attending over
+    `window` cache slots, judge and emit; images already done advance nothing. Shapes depend on `ctx.shape`
+    and `window` only; nothing reads the host."""
     shape, model = ctx.shape, ctx.model
     W, N = shape.window, shape.image_tokens
+    done = state.done
+    active = done < N  # (G,) images still decoding before this iteration
     refill(ctx, state)
-    done, length = state.done, state.length
     k = torch.arange(W + 1, device=done.device)
-    feed = torch.cat([state.canvas.index_select(0, (done - 1).view(1)), state.drafts])  # (W+1,)
+    feed = torch.cat([state.canvas.gather(1, (done - 1)[:, None]), state.drafts], 1)  # (G, W+1)
     logits = forward_window(model, state, feed, window)  # (rows, W+1, V)
-    p = ctx.target(logits, (done + k).clamp(max=N))  # (W+1, V)
-    width = (N - done).clamp(max=W)  # () active drafts: never past the last image token
+    p = ctx.target(logits, (done[:, None] + k).clamp(max=N))  # (G, W+1, V)
+    width = (N - done).clamp(min=0, max=W)  # (G,) active drafts: never past the last image token
     verdict = judge_run(p, state.q, state.drafts, state.judge_uniforms, width, shape.config, state.neighbors,
                         state.proposed, shape.sampling.greedy)
     a = verdict.accepted
-    new = torch.where(k == a, verdict.token, torch.cat([state.drafts, state.drafts[-1:]]))  # (W+1,) valid <= a
-    state.canvas.index_copy_(0, done + k, new)
-    state.per_cell.index_copy_(0, done + k, (a + 1).to(torch.int32).expand(W + 1))
+    count = a + 1  # (G,)
+    new = torch.where(k == a[:, None], verdict.token[:, None], torch.cat([state.drafts, state.drafts[:, -1:]], 1))
+    cells = done[:, None] + k  # (G, W+1), valid <= a
+    state.canvas.scatter_(1, cells, new)
+    state.per_cell.scatter_(1, cells, count.to(torch.int32)[:, None].expand(-1, W + 1))
     state.p_prev.copy_(p)
     state.accepted_prev.copy_(a)
     state.width_prev.copy_(width)
-    length.add_(a + 1)
-    done.add_(a + 1)
-    state.histogram.index_add_(0, a.view(1), torch.ones(1, dtype=torch.long, device=a.device))
-    gain = verdict.gain
+    # an image finishing now (or done before) keeps its length: its later writes stay inside the cache
+    state.length.add_(per_row(torch.where(done + count < N, count, torch.zeros_like(count)), state.length.shape[0]))
+    done.add_(torch.where(active, count, torch.zeros_like(count)))
+    state.histogram.scatter_add_(1, a[:, None], active.long()[:, None])
+    gain = verdict.gain * active[:, None]
     state.absorbed.copy_(torch.stack([state.absorbed[0] + gain.sum(), torch.maximum(state.absorbed[1], gain.max())]))
     state.relaxed.add_((gain > 0).sum())

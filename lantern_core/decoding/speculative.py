@@ -2,12 +2,14 @@
 (LANTERN++ / EAGLE-1), each exact or LANTERN-relaxed (delta: absolute TVD budget; lambda: LANTERN++'s
 multiplicative bound), with sampling or greedy decoding.
 
-One image at a time (rows = [cond; uncond] with CFG, sharing tokens); a batch of N is N runs with the
-caller's per-sample generators, so it matches plain `generate` seed for seed in distribution. Per
-iteration (`tree_step.py`, static shapes, replayed from a CUDA graph with compile "auto" on CUDA): draft a
-tree, verify it in one target forward against the static KV cache, walk it (`tree_walk.py`), compact the
-accepted path in place, feed the accepted features to the drafter; this module prefills, chooses the
-tree and loops, reading the number of tokens done once per iteration. The
+A batch of B images is decoded together (rows = [cond B; uncond B] with CFG): one drafter forward per tree
+level drafts all B trees, one target forward verifies them, and each image accepts its own number of
+tokens and advances on its own in the static KV cache; image i draws its randomness from generator i only,
+so it equals a single run with that generator (seed + i). Per iteration (`tree_step.py`, static shapes,
+replayed from a CUDA graph with compile "auto" on CUDA): draft the trees, verify them in one target forward
+against the static KV cache, walk them (`tree_walk.py`), compact each accepted path in place, feed the
+accepted features to the drafter; this module prefills, chooses the tree and loops until the last image is
+done, reading the tokens done of every image once per iteration. The
 acceptance test always sees the CFG-combined, temperature/top-k/top-p-filtered distribution, and the
 drafter proposes from its own logits under the same CFG and filters. This module does not pick devices
 or load files.
@@ -32,7 +34,7 @@ from .generate import GenerationResult, GenerationStats, StepCallback, generate,
 from ..models.drafter import EagleDrafter
 from ..models.gpt import ImageTransformer
 from .relaxation import Relaxation
-from .sampling import Generators, filter_logits, generator_for, pick_tokens
+from .sampling import Generators, filter_logits, generator_for, make_generators, pick_tokens
 from .step_graphs import RunLayout, StepRunner, layout_for, runner
 from .tree import NAIVE_EXTEND_57, TreeSpec
 from .tree_select import CostCurve, choose_subtree, measure_costs, node_rates, tree_rate
@@ -85,6 +87,8 @@ class SpeculativeStats(GenerationStats):
     max_absorbed: float = 0.0  # largest TVD spent on one token (<= delta for LANTERN)
     accepted_by_node: list[int] = field(default_factory=list)  # static trees: acceptances per node id
     tree: str = ""  # the tree used, e.g. "naive_extend_57", "eagle2 d5 k10 n58", "auto_9 (of naive_extend_57)"
+    batch_forwards: int = 0  # target forwards run for the whole batch (prefill + verifications of all images at once)
+    per_image: list[dict] = field(default_factory=list)  # per image: iterations, mean accepted length
 
     @property
     def mean_accepted_length(self) -> float:
@@ -102,8 +106,12 @@ class SpeculativeStats(GenerationStats):
 
     def summary(self) -> str:
         depth = " ".join(f"{a:.2f}" for a in self.acceptance_by_depth)
-        return (super().summary() + f"; {self.tree}; {self.iterations} verifications, acceptance by depth [{depth}], "
+        text = (super().summary() + f"; {self.tree}; {self.iterations} verifications, acceptance by depth [{depth}], "
                 f"TVD spent mean {self.mean_absorbed:.3f} max {self.max_absorbed:.3f}")
+        if self.batch > 1:
+            lengths = " ".join(f"{p['mean_accepted_length']:.2f}" for p in self.per_image)
+            text += f"; batch of {self.batch} in {self.batch_forwards} forwards, accepted length per image [{lengths}]"
+        return text
 
 
 class NodeDistributions:
@@ -183,8 +191,8 @@ def _auto_key(sampling: SamplingConfig, spec: SpeculativeConfig) -> tuple:
 
 
 def _auto_choice(model: ImageTransformer, drafter: EagleDrafter, sampling: SamplingConfig,
-                 spec: SpeculativeConfig) -> tuple[TreeSpec, str] | None:
-    return _AUTO_CHOICES.get(_pair(model, drafter), {}).get(_auto_key(sampling, spec))
+                 spec: SpeculativeConfig, batch: int) -> tuple[TreeSpec, str] | None:
+    return _AUTO_CHOICES.get(_pair(model, drafter), {}).get((_auto_key(sampling, spec), batch))
 
 
 def _pair(model: ImageTransformer, drafter: EagleDrafter) -> tuple:
@@ -201,25 +209,27 @@ def _costs(model: ImageTransformer, drafter: EagleDrafter, rows: int) -> CostCur
 
 
 def _calibrate(model: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
-               spec: SpeculativeConfig, neighbors: torch.Tensor | None, compile: str) -> tuple[TreeSpec, str]:
-    """Decode one scratch image on the base tree (fixed seed, output discarded) to measure each node's
-    acceptance, measure the cost curve, choose the sub-tree and remember it. Seeds of the user's images
-    are untouched, so every image of every run uses the same tree: same seed, same image. The same
-    scratch image is also decoded with plain AR, so the stats can say when speculation does not pay
-    on this machine (the model-forward cost model is scaled by the base tree's measured speed)."""
+               spec: SpeculativeConfig, neighbors: torch.Tensor | None, compile: str, batch: int) -> tuple[TreeSpec, str]:
+    """Decode one scratch batch of `batch` copies of `condition` on the base tree (fixed seeds, output
+    discarded) to measure each node's acceptance, measure the cost curve at the batch's rows, choose the
+    sub-tree and remember it for that batch size. Seeds of the user's images are untouched, so every image
+    of every run of that size uses the same tree: same seed, same image. The same scratch batch is also
+    decoded with plain AR, so the stats can say when speculation does not pay on this machine (the
+    model-forward cost model is scaled by the base tree's measured speed)."""
     device = model.tok_embeddings.weight.device
     N = model.config.num_image_tokens
+    scratch_condition = condition.repeated(batch)
     scratch = RunTally(device, by_node=torch.zeros(spec.static_tree.num_nodes + 1, dtype=torch.long, device=device))
-    out = torch.empty(N, dtype=torch.long, device=device)
-    cells = torch.ones(N, dtype=torch.int32, device=device)
+    out = torch.empty(batch, N, dtype=torch.long, device=device)
+    cells = torch.ones(batch, N, dtype=torch.int32, device=device)
     plan = plan_static_tree(spec.static_tree, device)
 
     def decode_base(tally: RunTally) -> None:
-        _decode_one(model, drafter, condition, sampling, spec, plan, torch.Generator(device=device).manual_seed(0),
-                    neighbors, out, cells, tally, lambda done: None, compile)
+        _decode_batch(model, drafter, scratch_condition, sampling, spec, plan, make_generators(0, batch, device),
+                      neighbors, out, cells, tally, lambda done: None, compile)
 
     def decode_ar() -> None:
-        generate(model, condition, sampling, torch.Generator(device=device).manual_seed(0), compile=compile)
+        generate(model, scratch_condition, sampling, make_generators(0, batch, device), compile=compile)
 
     if layout_for(compile, device).graphs:  # capture both outside the clock (users replay kept graphs)
         decode_base(RunTally(device, by_node=torch.zeros_like(scratch.by_node)))
@@ -227,31 +237,35 @@ def _calibrate(model: ImageTransformer, drafter: EagleDrafter, condition: Condit
     start = time.perf_counter()
     decode_base(scratch)
     synchronize(device)
-    base_measured = N / (time.perf_counter() - start)
+    base_measured = batch * N / (time.perf_counter() - start)
     start = time.perf_counter()
     decode_ar()
     synchronize(device)
-    ar_measured = N / (time.perf_counter() - start)
-    rows = 2 if sampling.uses_cfg else 1
+    ar_measured = batch * N / (time.perf_counter() - start)
+    rows = batch * (2 if sampling.uses_cfg else 1)
     rates = node_rates(spec.static_tree, scratch.by_node.tolist(), scratch.iterations)
     costs = _costs(model, drafter, rows)
     chosen, predicted = choose_subtree(spec.static_tree, rates, costs)
     estimate = predicted * base_measured / tree_rate(spec.static_tree, rates, costs)
-    note = (f"about {estimate:.0f} tok/s expected with {chosen.name} vs {ar_measured:.0f} tok/s for plain AR "
+    at = f" at batch {batch}" if batch > 1 else ""
+    note = (f"about {estimate:.0f} tok/s expected with {chosen.name} vs {ar_measured:.0f} tok/s for plain AR{at} "
             f"on this machine" + ("; plain AR (mode ar) is faster here" if estimate < ar_measured else ""))
-    _AUTO_CHOICES.setdefault(_pair(model, drafter), {})[_auto_key(sampling, spec)] = (chosen, note)
+    _AUTO_CHOICES.setdefault(_pair(model, drafter), {})[(_auto_key(sampling, spec), batch)] = (chosen, note)
     return chosen, note
 
 
 @dataclass
 class RunTally:
-    """Run counters of a speculative decoder (tree or Jacobi). The relaxation ones stay on the device
-    (read once at the end, never per step)."""
+    """Run counters of a speculative decoder (tree or Jacobi), whole batch and per image. The relaxation ones
+    stay on the device (read once at the end, never per step)."""
 
     device: torch.device
     by_node: torch.Tensor | None = None  # (n+1,) acceptances per node of the static tree in use
     drafter_forwards: int = 0
-    histogram: list[int] = field(default_factory=list)
+    histogram: list[int] = field(default_factory=list)  # iterations by drafted tokens accepted, all images
+    per_image: list[list[int]] = field(default_factory=list)  # the same per image
+    batch_iterations: int = 0  # iterations of the batch loop (one target forward each)
+    batches: int = 0  # prefills
     prefill_s: float = 0.0
     cache_bytes: int = 0
 
@@ -267,30 +281,42 @@ class RunTally:
     def to_stats(self, batch: int, image_tokens: int, wall_time_s: float, tree: str) -> SpeculativeStats:
         """The run's stats (reads the device counters once)."""
         accepted = sum(k * c for k, c in enumerate(self.histogram))
+        per_image = [{"iterations": sum(h), "mean_accepted_length": round(image_tokens / (1 + sum(h)), 4)}
+                     for h in self.per_image]
         return SpeculativeStats(
             batch=batch, image_tokens=image_tokens, forward_passes=batch + self.iterations, wall_time_s=wall_time_s,
             prefill_time_s=self.prefill_s, kv_cache_bytes=self.cache_bytes, iterations=self.iterations,
             drafter_forwards=self.drafter_forwards, accepted_histogram=self.histogram,
             relaxed_tokens=int(self.relaxed), mean_absorbed=float(self.absorbed_sum) / max(accepted, 1),
             max_absorbed=float(self.absorbed_max),
-            accepted_by_node=[] if self.by_node is None else self.by_node.tolist(), tree=tree)
+            accepted_by_node=[] if self.by_node is None else self.by_node.tolist(), tree=tree,
+            batch_forwards=self.batches + self.batch_iterations, per_image=per_image)
 
     def add_run(self, state) -> None:
-        """Fold one image's device counters in (a `TreeState` or `JacobiState`: `histogram`, `absorbed` (sum,
-        max), `relaxed`, and for trees `by_node`); one read of the histogram per image."""
-        counts = state.histogram.tolist()
-        while counts and counts[-1] == 0:
-            counts.pop()
-        for accepted, count in enumerate(counts):
-            while len(self.histogram) <= accepted:
-                self.histogram.append(0)
-            self.histogram[accepted] += count
+        """Fold a batch's device counters in (a `TreeState` or `JacobiState`: per-image `histogram` (G, ·),
+        `absorbed` (sum, max), `relaxed`, and for trees `by_node`); one read of the histograms per batch."""
+        for counts in state.histogram.tolist():
+            while counts and counts[-1] == 0:
+                counts.pop()
+            self.per_image.append(counts)
+            for accepted, count in enumerate(counts):
+                while len(self.histogram) <= accepted:
+                    self.histogram.append(0)
+                self.histogram[accepted] += count
+            self.drafter_forwards += (1 + sum(counts) * state.forwards_per_iteration) if state.forwards_per_iteration else 0
         self.absorbed_sum += state.absorbed[0]
         self.absorbed_max = torch.maximum(self.absorbed_max, state.absorbed[1])
         self.relaxed += state.relaxed
         if self.by_node is not None:
             self.by_node += state.by_node[: self.by_node.numel()]
-        self.drafter_forwards += (1 + sum(counts) * state.forwards_per_iteration) if state.forwards_per_iteration else 0
+
+
+def progress_tokens(out: torch.Tensor, tokens: torch.Tensor, done: torch.Tensor) -> None:
+    """Copy the decoded cells of every image into `out` (B, N), -1 where an image has not got that far (so a
+    preview of one image can tell its own progress in a batch that advances unevenly)."""
+    N = out.shape[1]
+    cells = torch.arange(N, device=out.device)
+    out.copy_(torch.where(cells < done[:, None], tokens[:, :N], torch.full_like(out, -1)))
 
 
 def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
@@ -308,8 +334,11 @@ def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device
 def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
                          spec: SpeculativeConfig, generator: Generators = None, neighbors: torch.Tensor | None = None,
                          on_step: StepCallback | None = None, compile: str = "auto") -> GenerationResult:
-    """Speculatively sample `condition.batch` images' tokens. `neighbors` (V, >= k) is needed for relaxation.
-    `compile` "auto" replays each iteration from a CUDA graph on CUDA (`tree_step.py`); "off" runs eagerly."""
+    """Speculatively sample `condition.batch` images' tokens, all in one batch; image i draws from
+    generator i (`make_generators`: seed + i). `neighbors` (V, >= k) is needed for relaxation. `compile`
+    "auto" replays each iteration from a CUDA graph on CUDA (`tree_step.py`); "off" runs eagerly. `on_step`
+    gets the tokens done by the whole batch, out of B x N, and the (B, N) tokens (-1 past each image's
+    progress)."""
     neighbors = extend_neighbors(model.config, check_neighbors(spec.relaxation.k if spec.relaxation else 0, neighbors,
                                 model.tok_embeddings.weight.device))
     start = time.perf_counter()
@@ -326,20 +355,21 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
     if spec.tree != "dynamic":
         chosen = None
         if spec.tree == "auto":
-            cached = _auto_choice(model, drafter, sampling, spec)
+            cached = _auto_choice(model, drafter, sampling, spec, B)
             fresh = cached is None
-            if fresh:  # calibrate once per drafter and sampling setting, on a scratch image
-                cached = _calibrate(model, drafter, condition.row(0), sampling, spec, neighbors, compile)
+            if fresh:  # calibrate once per drafter, sampling setting and batch size, on a scratch batch
+                cached = _calibrate(model, drafter, condition.row(0), sampling, spec, neighbors, compile, B)
             chosen, note = cached
             tree_name = f"{chosen.name} (auto, of {spec.static_tree.name}{'; calibrated in this run' if fresh else ''}; {note})"
         plan = plan_static_tree(chosen or spec.static_tree, device)
         tally.by_node = torch.zeros(plan.spec.num_nodes + 1, dtype=torch.long, device=device)
-    for i in range(B):
-        def report(done: int, _i=i) -> None:
-            if on_step is not None:
-                on_step(_i * N + done, B * N, tokens[_i:_i + 1])
-        _decode_one(model, drafter, condition.row(i), sampling, spec, plan,
-                    generator_for(generator, i), neighbors, tokens[i], per_cell[i], tally, report, compile)
+
+    def report(done: list[int]) -> None:
+        if on_step is not None:
+            on_step(sum(min(d, N) for d in done), B * N, tokens)
+
+    _decode_batch(model, drafter, condition, sampling, spec, plan, [generator_for(generator, i) for i in range(B)],
+                  neighbors, tokens, per_cell, tally, report, compile)
     synchronize(device)
     stats = tally.to_stats(B, N, time.perf_counter() - start, tree_name)
     return GenerationResult(tokens, stats, per_cell)
@@ -359,10 +389,11 @@ def tree_runner(model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape
                   model.tok_embeddings.weight.device, also=(drafter,))
 
 
-def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neighbors,
-                out: torch.Tensor, per_cell: torch.Tensor, tally: RunTally, report, compile: str = "off") -> None:
-    """One image: eager prefill and first token, then a loop of `tree_iteration`s (captured on CUDA), reading
-    the number of tokens done once per iteration."""
+def _decode_batch(model, drafter, condition, sampling, spec, plan, generators, neighbors,
+                  out: torch.Tensor, per_cell: torch.Tensor, tally: RunTally, report, compile: str = "off") -> None:
+    """A batch of G images: eager prefill and first tokens, then a loop of `tree_iteration`s over all of them
+    (captured on CUDA) until the last image is done, reading the tokens done of every image once per
+    iteration."""
     config = model.config
     N = config.num_image_tokens
     guided = sampling.uses_cfg
@@ -382,22 +413,25 @@ def _decode_one(model, drafter, condition, sampling, spec, plan, generator, neig
             state.neighbors.copy_(neighbors)
         hidden = prefill(model, prefix, state.cache, state.key_valid)
         first = pick_tokens(dist.combine(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long, device=device))[:, 0],
-                            sampling, generator)
-        state.start_image(T, first[:1])
+                            sampling, generators)  # (G,)
+        state.start_image(T, first)
         state.session.reset(0)
-        fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first[:1], rows, T)
+        fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first, rows, T)
         state.session.consume(hidden, fed, embeddings)  # pairs (f_s, x_{s+1}) over the prefix; the last holds the first token
-        out[0] = first[0]
+        progress_tokens(out, state.tokens, state.done)
         tally.prefill_s += time.perf_counter() - t0
-        report(1)
-        done = 1
-        while done < N:
-            draw_iteration_noise(state, generator)
-            step_runner.run(tree_windows(T + done - 1, shape, layout.exact))
-            done = int(state.done)  # the one host read per iteration
-            out.copy_(state.tokens[:N])
-            report(min(done, N))
-        per_cell.copy_(state.per_cell[:N])
+        tally.batches += 1
+        done = [1] * shape.trees
+        report(done)
+        while min(done) < N:
+            active = [d < N for d in done]
+            draw_iteration_noise(state, generators, active)
+            step_runner.run(tree_windows(T + max(d for d in done if d < N) - 1, shape, layout.exact))
+            tally.batch_iterations += 1
+            done = state.done.tolist()  # the one host read per iteration
+            progress_tokens(out, state.tokens, state.done)
+            report(done)
+        per_cell.copy_(state.per_cell[:, :N])
         tally.add_run(state)
     finally:
         tally.cache_bytes = max(tally.cache_bytes, state.nbytes)

@@ -17,13 +17,24 @@ def window_mask(key_valid: torch.Tensor, length: int | torch.Tensor, ancestry: t
                 window: int) -> torch.Tensor:
     """(rows, 1, T, window) bool for T queries written after `length` committed slots: every valid slot below
     `length`, plus the slots length + j (j < n) where `ancestry` (T, n), or per tree (G, T, n), is True.
-    `length` may be a () device tensor (the mask then never reads the host); slots from length + n to
-    `window` are hidden, so one window serves every length up to window - n."""
+    `length` may be a () device tensor, or (rows,) per row (a batch whose rows advance independently); the
+    mask then never reads the host. Slots from length + n to `window` are hidden, so one window serves every
+    length up to window - n."""
     rows, n = key_valid.shape[0], ancestry.shape[-1]
     keys = torch.arange(window, device=key_valid.device)
+    ancestry = ancestry.to(key_valid.device)
+    if isinstance(length, torch.Tensor) and length.dim() == 1:  # per row
+        rel = keys - length[:, None]  # (rows, window) offset of each key from the row's first tree slot
+        prefix = key_valid[:, :window] & (rel < 0)
+        per_tree = ancestry if ancestry.dim() == 3 else ancestry[None]
+        per_tree = per_tree.expand(rows, -1, -1) if per_tree.shape[0] == 1 else per_tree.repeat(
+            rows // per_tree.shape[0], 1, 1)  # (rows, T, n)
+        index = rel.clamp(0, n - 1)[:, None, :].expand(-1, per_tree.shape[1], -1)  # (rows, T, window)
+        tree = per_tree.gather(2, index) & ((rel >= 0) & (rel < n))[:, None, :]
+        return (prefix[:, None, :] | tree)[:, None]
     prefix = key_valid[:, :window] & (keys < length)  # (rows, window)
     rel = keys - length  # (window,) offset of each key from the first tree slot
-    tree = ancestry.to(key_valid.device).index_select(-1, rel.clamp(0, n - 1)) & ((rel >= 0) & (rel < n))
+    tree = ancestry.index_select(-1, rel.clamp(0, n - 1)) & ((rel >= 0) & (rel < n))
     tree = tree[None] if tree.dim() == 2 else tree.repeat(rows // tree.shape[0], 1, 1)  # (1|rows, T, window)
     return (prefix[:, None, :] | tree)[:, None]
 
@@ -40,7 +51,8 @@ def forward_tree(model: LlamaGenGPT, cache: KVCache, key_valid: torch.Tensor, le
                  tokens: torch.Tensor, buffers, window: int | None = None) -> torch.Tensor:
     """tokens (rows, n+1) in tree order -> final hidden states (rows, n+1, dim); writes their K/V.
     `buffers` is a TreeBuffers or DraftTree: depths (n+1,) or per tree (G, n+1), and the ancestry mask.
-    `length` may be a () device tensor with a static `window` (>= length + n+1) of keys to attend over."""
+    `length` may be a () device tensor, or (rows,) per row, with a static `window` (>= length + n+1) of keys
+    to attend over."""
     device = tokens.device
     rows, n1 = tokens.shape
     if window is None:
@@ -48,8 +60,12 @@ def forward_tree(model: LlamaGenGPT, cache: KVCache, key_valid: torch.Tensor, le
     depths = buffers.depths.to(device)
     if depths.dim() == 2:
         depths = depths.repeat(rows // depths.shape[0], 1)  # (rows, n+1)
-    positions = (length + depths).clamp(max=model.rope_table.shape[0] - 1)  # siblings share a RoPE row
-    slots = length + torch.arange(n1, device=device)
+    per_row = isinstance(length, torch.Tensor) and length.dim() == 1
+    base = length[:, None] if per_row else length
+    positions = (base + depths).clamp(max=model.rope_table.shape[0] - 1)  # siblings share a RoPE row
+    if per_row and positions.dim() == 1:
+        positions = positions.expand(rows, -1)
+    slots = (base + torch.arange(n1, device=device))  # (n+1,) or (rows, n+1)
     step = ForwardStep(positions, cache, kv_len=window, mask=tree_mask(key_valid, length, buffers, window), slots=slots)
     return model(model.embed_tokens(tokens), step)
 
@@ -63,6 +79,8 @@ def commit_path(cache: KVCache, length: int, path: torch.Tensor) -> int:
 
 def commit_padded_path(cache: KVCache, length: torch.Tensor, path: torch.Tensor) -> None:
     """`commit_path` for a fixed-size path (depth+1,) padded with -1 after the accepted nodes, with the
-    length a () device tensor: every entry is copied (padding copies the root past the new length, where
-    it is stale and overwritten later), and `length` is not advanced here (the caller adds the count)."""
-    cache.compact(length + path.clamp(min=0), length)
+    length a () device tensor, or per row: path (rows, depth+1) and length (rows,). Every entry is copied
+    (padding copies the root past the new length, where it is stale and overwritten later), and `length` is
+    not advanced here (the caller adds the count)."""
+    source = (length[:, None] if path.dim() == 2 else length) + path.clamp(min=0)
+    cache.compact(source, length)

@@ -24,7 +24,7 @@ from ..models.gpt import ImageTransformer
 from ..models.kv_cache import KVCache
 from .step_graphs import SLOT_BUCKET, band_starts, band_window
 from .drafting import (DraftTree, DrafterSession, DynamicShape, NodeDistribution, StaticPlan, draft_dynamic,
-                       draft_static, noise_shapes, per_row)
+                       draft_static, index_tensor, noise_shapes, per_row)
 from .relaxation import Relaxation
 from .tree import TreeSpec
 from .tree_attention import commit_padded_path, forward_tree
@@ -33,9 +33,9 @@ from .tree_walk import WalkResult, walk_tree
 
 @dataclass(frozen=True)
 class TreeShape:
-    """What fixes an iteration's tensor shapes and code: rows (2 with CFG), cache slots, image tokens, the
-    sampling settings and acceptance rule it bakes in, and the tree (a static `TreeSpec` or EAGLE-2's
-    `DynamicShape`)."""
+    """What fixes an iteration's tensor shapes and code: rows (G images, [cond G; uncond G] with CFG), cache
+    slots, image tokens, the sampling settings and acceptance rule it bakes in, and the tree (a static
+    `TreeSpec` or EAGLE-2's `DynamicShape`)."""
 
     rows: int
     slots: int
@@ -47,6 +47,11 @@ class TreeShape:
     @property
     def dynamic(self) -> bool:
         return isinstance(self.tree, DynamicShape)
+
+    @property
+    def trees(self) -> int:
+        """G: images decoded together, one tree each."""
+        return self.rows // 2 if self.sampling.uses_cfg else self.rows
 
     @property
     def depth(self) -> int:
@@ -93,19 +98,22 @@ def band_windows(shape: TreeShape) -> list[TreeWindows]:
 
 @dataclass
 class TreeState:
-    """The static tensors of one tree run shape, allocated once and reused across images."""
+    """The static tensors of one tree run shape (G images), allocated once and reused across batches. Each
+    image advances on its own: its rows' committed length, its tokens done, its tree and counters. An image
+    that is done keeps running in the batch (static shapes) with its length frozen where its last
+    iteration started, so its writes stay inside the cache; nothing it computes is kept or counted."""
 
     cache: KVCache  # target (L, rows, H_kv, slots, D)
     key_valid: torch.Tensor  # (rows, slots) bool: False on padded prefix slots
-    session: DrafterSession  # drafter cache, its length and root feature
-    length: torch.Tensor  # () long: committed target slots (= the drafter's)
-    done: torch.Tensor  # () long: image tokens decoded (the root of the next tree is tokens[done - 1])
-    tokens: torch.Tensor  # (N + depth + 1,) long: the image, padded by one path
-    per_cell: torch.Tensor  # (N + depth + 1,) int32: tokens accepted by the forward that produced each cell
-    noise: list[torch.Tensor]  # Exp(1) draws per depth for sampled static trees (else empty)
-    uniforms: torch.Tensor  # (1, depth, C + 1) the walk's uniforms
-    neighbors: torch.Tensor | None  # (V, k) relaxation table, copied in before each image
-    histogram: torch.Tensor  # (depth + 1,) long: iterations by drafted tokens accepted
+    session: DrafterSession  # drafter cache, its per-row length and root feature
+    length: torch.Tensor  # (rows,) long: committed target slots per row (= the drafter's)
+    done: torch.Tensor  # (G,) long: image tokens decoded (the root of the next tree is tokens[g, done - 1])
+    tokens: torch.Tensor  # (G, N + 2 (depth + 1)) long: the images, padded by two paths
+    per_cell: torch.Tensor  # (G, N + 2 (depth + 1)) int32: tokens accepted by the forward that produced each cell
+    noise: list[torch.Tensor]  # Exp(1) draws per depth for sampled static trees, (G * P_d, V) (else empty)
+    uniforms: torch.Tensor  # (G, depth, C + 1) the walk's uniforms
+    neighbors: torch.Tensor | None  # (V, k) relaxation table, copied in before each batch
+    histogram: torch.Tensor  # (G, depth + 1) long: iterations by drafted tokens accepted, per image
     by_node: torch.Tensor  # (n + 1,) long: acceptances per static-tree node (unused for EAGLE-2)
     absorbed: torch.Tensor  # (2,) float32: relaxed mass summed and max over accepted tokens
     relaxed: torch.Tensor  # () long: accepted tokens that used absorbed mass
@@ -117,20 +125,20 @@ class TreeState:
         device = model.tok_embeddings.weight.device
         key_valid = torch.ones(shape.rows, shape.slots, dtype=torch.bool, device=device)
         session = DrafterSession(drafter, shape.rows, shape.slots, key_valid)
-        V = model.config.vocab_size
+        V, G = model.config.vocab_size, shape.trees
         width = shape.tree.top_k if shape.dynamic else plan.children.shape[-1]
         sampled = not shape.dynamic and not shape.sampling.greedy
-        noise = [torch.ones(s, device=device) for s in noise_shapes(plan, 1, V)] if sampled else []
-        padded = shape.image_tokens + shape.depth + 1
+        noise = [torch.ones(s, device=device) for s in noise_shapes(plan, G, V)] if sampled else []
+        padded = shape.image_tokens + 2 * (shape.depth + 1)
         levels = shape.depth - 1 if shape.dynamic else sum(1 for g in plan.expand_at[1:] if g.numel())
         long = dict(dtype=torch.long, device=device)
         return cls(
             cache=model.allocate_cache(shape.rows, shape.slots), key_valid=key_valid, session=session,
-            length=torch.zeros((), **long), done=torch.ones((), **long), tokens=torch.zeros(padded, **long),
-            per_cell=torch.ones(padded, dtype=torch.int32, device=device), noise=noise,
-            uniforms=torch.full((1, shape.depth, width + 1), 0.5, device=device),
+            length=torch.zeros(shape.rows, **long), done=torch.ones(G, **long), tokens=torch.zeros(G, padded, **long),
+            per_cell=torch.ones(G, padded, dtype=torch.int32, device=device), noise=noise,
+            uniforms=torch.full((G, shape.depth, width + 1), 0.5, device=device),
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),
-            histogram=torch.zeros(shape.depth + 1, **long), by_node=torch.zeros(shape.nodes + 1, **long),
+            histogram=torch.zeros(G, shape.depth + 1, **long), by_node=torch.zeros(shape.nodes + 1, **long),
             absorbed=torch.zeros(2, device=device), relaxed=torch.zeros((), **long),
             forwards_per_iteration=levels + 1)
 
@@ -139,16 +147,17 @@ class TreeState:
             t.zero_()
 
     def start_image(self, prefix_len: int, first: torch.Tensor) -> None:
-        """State after the prefill and the first token (the drafter's prefix is consumed by the caller)."""
+        """State after the prefill and the first tokens `first` (G,) (the drafter's prefix is consumed by the
+        caller)."""
         self.tokens.zero_()
-        self.tokens[0] = first.reshape(())
+        self.tokens[:, 0] = first.reshape(-1)
         self.per_cell.fill_(1)
         self.length.fill_(prefix_len)
         self.done.fill_(1)
 
     def reset_for_warmup(self, start: int) -> None:
         """A valid state for warm-up iterations at committed length `start` (capture runs real iterations)."""
-        self.start_image(start, torch.zeros((), dtype=torch.long, device=self.tokens.device))
+        self.start_image(start, torch.zeros(self.done.shape, dtype=torch.long, device=self.tokens.device))
         self.session.reset(start)
 
     def release(self) -> None:
@@ -193,7 +202,7 @@ def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length:
     rows, G = key_valid.shape[0], tree.tokens.shape[0]
     hidden = forward_tree(model, cache, key_valid, length, per_row(tree.tokens, rows), tree, window)
     logits = model.logits(hidden)  # (rows, n+1, V)
-    index = root_index + 1 + tree.depths
+    index = index_tensor(root_index, logits.device) + 1 + tree.depths  # (n+1,) or (G, n+1)
     greedy = dist.sampling.greedy
     target = dist.combine(logits, index) if greedy else dist(logits, index)  # (G, n+1, V)
     if uniforms is None:
@@ -203,22 +212,31 @@ def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length:
     return Verification(walk, hidden)
 
 
-def draw_iteration_noise(state: TreeState, generator: torch.Generator | None) -> None:
-    """Fill the noise of the next iteration from the image's generator, in the step-by-step decoder's order
-    (the drafter's Exp(1) draws depth by depth, then the walk's uniforms). Runs eagerly, outside capture."""
-    for buffer in state.noise:
-        buffer.exponential_(generator=generator)
-    state.uniforms.uniform_(0.0, 1.0, generator=generator)
+def draw_iteration_noise(state: TreeState, generators: list[torch.Generator | None],
+                         active: list[bool] | None = None) -> None:
+    """Fill the noise of the next iteration, image g from `generators[g]`, in the step-by-step decoder's
+    order (the drafter's Exp(1) draws depth by depth, then the walk's uniforms), so image g draws what a
+    single run of it draws. Images not `active` (done) draw nothing. Runs eagerly, outside capture."""
+    G = state.uniforms.shape[0]
+    for g, generator in enumerate(generators):
+        if active is not None and not active[g]:
+            continue
+        for buffer in state.noise:
+            per_tree = buffer.shape[0] // G
+            buffer[g * per_tree:(g + 1) * per_tree].exponential_(generator=generator)
+        state.uniforms[g].uniform_(0.0, 1.0, generator=generator)
 
 
 def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> None:
-    """Draft a tree from the last accepted token, verify it, accept a path, and advance: tokens[done ..]
-    get the accepted drafts and the bonus token, both caches the path, `done` and `length` the count.
-    Shapes depend on `ctx.shape` and `windows` only; nothing reads the host."""
+    """Draft a tree per image from its last accepted token, verify all of them in one target forward, accept
+    a path per image, and advance: tokens[g, done ..] get the accepted drafts and the bonus token, both caches
+    the path, `done` and `length` the count of each image (images already done advance nothing). Shapes
+    depend on `ctx.shape` and `windows` only; nothing reads the host."""
     shape, session = ctx.shape, state.session
-    depth = shape.depth
-    root_index = state.done - 1  # () image-token index of the root
-    root = state.tokens.index_select(0, root_index.view(1))  # (1,)
+    depth, rows, N = shape.depth, shape.rows, shape.image_tokens
+    active = state.done < N  # (G,) images still decoding before this iteration
+    root_index = state.done - 1  # (G,) image-token index of each root
+    root = state.tokens.gather(1, root_index[:, None])[:, 0]  # (G,)
     if shape.dynamic:
         tree = draft_dynamic(session, ctx.model, shape.tree, root, root_index, ctx.dist, windows.draft)
     else:
@@ -227,24 +245,27 @@ def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> 
     check = verify_tree(ctx.model, state.cache, state.key_valid, state.length, tree, ctx.dist, shape, None,
                         state.neighbors, root_index, state.uniforms, windows.verify)
     walk = check.walk
-    accepted = walk.accepted[:1]  # (1,) drafted tokens accepted
-    count = accepted + 1  # (1,) tokens this iteration adds (drafts + bonus)
-    path = walk.path[0]  # (depth+1,) node ids root first, -1 past the accepted nodes
+    accepted = walk.accepted  # (G,) drafted tokens accepted
+    count = accepted + 1  # (G,) tokens each image adds (drafts + bonus)
+    path = walk.path  # (G, depth+1) node ids root first, -1 past the accepted nodes
     node = path.clamp(min=0)
     k = torch.arange(depth + 1, device=path.device)
-    drafted = tree.tokens[0].index_select(0, node[1:])  # (depth,)
-    new = torch.where(k == accepted, walk.bonus[:1], torch.cat([drafted, drafted[-1:]]))  # (depth+1,) valid < count
-    commit_padded_path(state.cache, state.length, path)
-    slots = state.done + k  # (depth+1,) image-token indices written (the tail past count is stale)
-    state.tokens.index_copy_(0, slots, new)
-    state.per_cell.index_copy_(0, slots, count.to(torch.int32).expand(depth + 1))
-    session.consume(check.hidden.index_select(1, node), new[None].expand(shape.rows, -1), count=count,
-                    window=windows.consume)
-    state.length.add_(count[0])
-    state.done.add_(count[0])
-    # run counters, on the device
-    state.histogram.index_add_(0, accepted, torch.ones_like(accepted))
-    state.by_node.index_add_(0, node, (path >= 0).long())
-    absorbed = walk.absorbed[0]  # (depth,) zero past the accepted drafts
+    drafted = tree.tokens.gather(1, node[:, 1:])  # (G, depth)
+    new = torch.where(k == accepted[:, None], walk.bonus[:, None], torch.cat([drafted, drafted[:, -1:]], 1))  # (G, depth+1)
+    # an image finishing now (or done before) keeps its length: its later writes stay inside the cache
+    advance = torch.where(state.done + count < N, count, torch.zeros_like(count))  # (G,)
+    commit_padded_path(state.cache, state.length, per_row(path, rows))
+    slots = state.done[:, None] + k  # (G, depth+1) image-token indices written (the tail past count is stale)
+    state.tokens.scatter_(1, slots, new)
+    state.per_cell.scatter_(1, slots, count.to(torch.int32)[:, None].expand(-1, depth + 1))
+    picked = check.hidden.gather(1, per_row(node, rows)[..., None].expand(-1, -1, check.hidden.shape[-1]))
+    session.consume(picked, per_row(new, rows), count=per_row(count, rows), window=windows.consume,
+                    advance=per_row(advance, rows))
+    state.length.add_(per_row(advance, rows))
+    state.done.add_(torch.where(active, count, torch.zeros_like(count)))
+    # run counters of the images still decoding, on the device
+    state.histogram.scatter_add_(1, accepted[:, None], active.long()[:, None])
+    state.by_node.index_add_(0, node.reshape(-1), ((path >= 0) & active[:, None]).long().reshape(-1))
+    absorbed = walk.absorbed * active[:, None]  # (G, depth) zero past the accepted drafts and for done images
     state.absorbed.copy_(torch.stack([state.absorbed[0] + absorbed.sum(), torch.maximum(state.absorbed[1], absorbed.max())]))
     state.relaxed.add_((absorbed > 0).sum())

@@ -36,9 +36,15 @@ class KVCache:
         return self.keys.numel() * self.keys.element_size() * 2
 
     def update(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int):
-        """Write k, v (B, H_kv, T, D) at `slots` (T,) and return views of the first kv_len slots."""
-        self.keys[layer].index_copy_(2, slots, k)
-        self.values[layer].index_copy_(2, slots, v)
+        """Write k, v (B, H_kv, T, D) at `slots`, (T,) shared by every row or (B, T) per row (rows of a
+        batch at different lengths), and return views of the first kv_len slots."""
+        if slots.dim() == 1:
+            self.keys[layer].index_copy_(2, slots, k)
+            self.values[layer].index_copy_(2, slots, v)
+        else:
+            index = slots[:, None, :, None].expand_as(k)  # (B, H_kv, T, D)
+            self.keys[layer].scatter_(2, index, k)
+            self.values[layer].scatter_(2, index, v)
         return self.keys[layer, :, :, :kv_len], self.values[layer, :, :, :kv_len]
 
     def release(self) -> None:
@@ -47,21 +53,32 @@ class KVCache:
 
     def compact(self, source_slots: torch.Tensor, dest_start: int | torch.Tensor) -> None:
         """Copy the entries at `source_slots` (n,) to dest_start .. dest_start+n-1 in every layer
-        (`dest_start` an int or a () device tensor)."""
-        dest = dest_start + torch.arange(source_slots.numel(), device=source_slots.device)
+        (`dest_start` an int or a () device tensor); per row, source_slots (B, n) go to dest_start (B,) ..
+        (every row gathers all n entries before any is written)."""
+        n = source_slots.shape[-1]
+        if source_slots.dim() == 1:
+            dest = dest_start + torch.arange(n, device=source_slots.device)
+            for buf in (self.keys, self.values):
+                picked = buf.index_select(3, source_slots)  # (L, B, H, n, D)
+                buf.index_copy_(3, dest, picked)
+            return
+        dest = dest_start[:, None] + torch.arange(n, device=source_slots.device)  # (B, n)
+        L, B, H, _, D = self.keys.shape
         for buf in (self.keys, self.values):
-            picked = buf.index_select(3, source_slots)  # (L, B, H, n, D)
-            buf.index_copy_(3, dest, picked)
+            picked = buf.gather(3, source_slots[None, :, None, :, None].expand(L, B, H, n, D))  # (L, B, H, n, D)
+            buf.scatter_(3, dest[None, :, None, :, None].expand(L, B, H, n, D), picked)
 
 
 def attention_mask(key_valid: torch.Tensor, query_slots: torch.Tensor, kv_len: int) -> torch.Tensor:
     """Causal mask over cache slots, with invalid (padded) keys removed and the diagonal kept.
 
-    key_valid: (B, S_max) bool, False for padded prefix slots. query_slots: (T,) slot of each query.
-    Returns (B, 1, T, kv_len) bool, True where a query may attend.
+    key_valid: (B, S_max) bool, False for padded prefix slots. query_slots: (T,) slot of each query, or
+    (B, T) per row. Returns (B, 1, T, kv_len) bool, True where a query may attend.
     """
     keys = torch.arange(kv_len, device=key_valid.device)
-    causal = keys[None, :] <= query_slots[:, None]  # (T, kv_len)
-    diagonal = keys[None, :] == query_slots[:, None]
-    mask = causal[None] & key_valid[:, None, :kv_len]  # (B, T, kv_len)
-    return (mask | diagonal[None])[:, None]
+    queries = query_slots[..., :, None]  # (T, 1) or (B, T, 1)
+    causal, diagonal = keys <= queries, keys == queries  # (T | B x T, kv_len)
+    if query_slots.dim() == 1:
+        causal, diagonal = causal[None], diagonal[None]
+    mask = causal & key_valid[:, None, :kv_len]  # (B, T, kv_len)
+    return (mask | diagonal)[:, None]

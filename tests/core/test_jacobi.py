@@ -148,14 +148,15 @@ def test_initialisations_copy_left_and_above():
         for emitted in (2, 7):  # the window starts inside the first image row, or past it
             shape = JacobiShape(2, 40, model.config.num_image_tokens, sampling, JacobiConfig(6, init=init))
             state = JacobiState.allocate(model, shape, None)
-            state.start_image(1, torch.tensor(10), torch.full((V,), 1.0 / V))
-            state.canvas[:emitted] = torch.arange(10, 10 + emitted)
+            state.start_image(1, torch.tensor([10]), torch.full((1, V), 1.0 / V))
+            state.canvas[0, :emitted] = torch.arange(10, 10 + emitted)
             state.done.fill_(emitted)
             refill(JacobiContext(model, shape, None), state)
+            canvas, drafts, q = state.canvas[0], state.drafts[0], state.q[0]
             for j in range(6):
-                assert int(state.drafts[j]) == int(expect(state.canvas, emitted + j)), (init, emitted, j)
-                assert int(state.canvas[emitted + j]) == int(state.drafts[j])
-                assert float(state.q[j, state.drafts[j]]) == 1.0 and float(state.q[j].sum()) == 1.0
+                assert int(drafts[j]) == int(expect(canvas, emitted + j)), (init, emitted, j)
+                assert int(canvas[emitted + j]) == int(drafts[j])
+                assert float(q[j, drafts[j]]) == 1.0 and float(q[j].sum()) == 1.0
             assert not state.proposed.any()
 
 

@@ -70,8 +70,8 @@ def test_measured_curve_and_auto_runs_calibrate_once(monkeypatch):
     assert "tok/s for plain AR" in note and note in first.stats.tree
     assert set(tree.paths) <= set(NAIVE_EXTEND_57.paths)  # a static sub-tree, drafted as one
     assert first.stats.accepted_histogram and len(first.stats.accepted_histogram) <= tree.depth + 1
-    again = speculative_generate(model, drafter, Condition.classes([2]), sampling, SpeculativeConfig(tree="auto"),
-                                 make_generators(5, 1))
+    again = speculative_generate(model, drafter, Condition.classes([2, 3]), sampling, SpeculativeConfig(tree="auto"),
+                                 make_generators(5, 2))  # the same batch size reuses the choice
     assert again.stats.tree.split(" ")[0] == first.stats.tree.split(" ")[0] and "calibrated" not in again.stats.tree
     other = speculative_generate(model, drafter, Condition.classes([2]), SamplingConfig(cfg_scale=1.0),
                                  SpeculativeConfig(tree="auto"), make_generators(5, 1))

@@ -33,6 +33,12 @@ export function renderStats(root, stats) {
     const depths = Array.isArray(stats.acceptance_by_depth) ? stats.acceptance_by_depth : [];
     root.append(line(`acceptance by ${jacobi ? "window position" : "depth"}: ` +
                      `${depths.map((a) => fmt(Number(a), 2)).join(" ") || "-"}`, "lantern-stats-depth"));
+    const perImage = Array.isArray(stats.accepted_length_per_image) ? stats.accepted_length_per_image : [];
+    if (Number(stats.batch) > 1 && perImage.length) {
+      root.append(line(`batch of ${Number(stats.batch)} decoded together in ${Number(stats.batch_forwards)} forwards · ` +
+                       `accepted length per image: ${perImage.map((a) => fmt(Number(a), 2)).join(" ")}`,
+                       "lantern-stats-batch"));
+    }
     if (Number(stats.relaxed_tokens) > 0) {
       root.append(line(`relaxed: ${stats.relaxed_tokens} tokens · TVD spent mean ${fmt(stats.mean_tvd_spent, 3)}` +
                        ` max ${fmt(stats.max_tvd_spent, 3)}`, "lantern-stats-relaxed"));
@@ -59,7 +65,8 @@ export function renderStats(root, stats) {
     }
   }
   root.append(grid);
-  root.append(line(`heat map: tokens accepted per forward (max ${max})`, "lantern-stats-legend"));
+  const which = Number(stats.batch) > 1 ? ` of image ${Number(stats.heatmap_image ?? 0)} (the first of ${Number(stats.batch)})` : "";
+  root.append(line(`heat map${which}: tokens accepted per forward (max ${max})`, "lantern-stats-legend"));
 }
 
 function addStatsWidget(node) {

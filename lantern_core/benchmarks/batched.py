@@ -1,0 +1,168 @@
+"""Batched decoding benchmark on the embedded model (`make bench`, `make bench-cuda`): images per second at
+batch 1, 4 and 8 for every decoding mode next to plain AR at the same batch, with the quality columns of
+the speculative benchmark (classifier accuracy, Frechet distance on classifier features against real crops,
+token-marginal TVD against AR at the same batch; `ar (other seeds)` is the noise floor).
+
+One interleaved run: images are processed in rounds of 8; within a round every batch size and every method
+decodes the same 8 images (class i mod 8, seed i) before the next round starts, so machine noise spreads
+over every row alike. `auto` trees and windows are calibrated per batch size before the timed rounds.
+Timings are never asserted anywhere; the goals are checked in the report.
+
+    python -m lantern_core.benchmarks.batched --out bench/results               # 32 images per row
+    python -m lantern_core.benchmarks.batched --images 8 --out /tmp/b            # quick look
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..conditioning import Condition
+from ..config import SamplingConfig
+from ..decoding.generate import synchronize
+from ..decoding.jacobi import JacobiConfig
+from ..decoding.neighbors import build_neighbors
+from ..decoding.relaxation import Relaxation
+from ..decoding.sampling import make_generators
+from ..decoding.speculative import SpeculativeConfig
+from ..decoding.tree import NAIVE_EXTEND_57
+from ..loading.embedded import EMBEDDED_NAME, load_embedded
+from .ar import machine_info, write_report
+from .speculative import CPU_DYNAMIC, Method, Tally, summarise, tree_label
+
+log = logging.getLogger("lantern_core.benchmarks.batched")
+BATCHES = (1, 4, 8)
+ROUND = 8  # images per interleaving round (a multiple of every batch size)
+EXACT = ("eagle2", "static_tree (auto)", "sjd", "sjd_coupled")
+RELAXED = ("lantern delta=0.2", "lantern_pp lambda=5", "sjd_relaxed lambda=5")
+
+
+def methods(device: torch.device) -> list[Method]:
+    """AR, its noise floor and one row per decoding mode the nodes offer (LANTERN at its benchmark setting).
+    EAGLE-2 keeps its published 58-node shape on a GPU and a CPU-sized one elsewhere."""
+    dynamic = SpeculativeConfig(tree="dynamic") if device.type == "cuda" else SpeculativeConfig(tree="dynamic",
+                                                                                                 dynamic=CPU_DYNAMIC)
+    coupled = dict(coupled=True, init="sample_left")
+    return [Method("ar", None), Method("ar (other seeds)", None, seed_offset=100_000),
+            Method("eagle2", dynamic),
+            Method("static_tree (auto)", SpeculativeConfig(tree="auto", static_tree=NAIVE_EXTEND_57)),
+            Method("lantern delta=0.2", SpeculativeConfig(tree=dynamic.tree, dynamic=dynamic.dynamic,
+                                                          relaxation=Relaxation(k=1000, delta=0.2))),
+            Method("lantern_pp lambda=5", SpeculativeConfig(tree="auto", static_tree=NAIVE_EXTEND_57,
+                                                            relaxation=Relaxation(k=10, lam=5.0))),
+            Method("sjd", JacobiConfig("auto", init="sample_left")),
+            Method("sjd_coupled", JacobiConfig("auto", **coupled)),
+            Method("sjd_relaxed lambda=5", JacobiConfig("auto", **coupled, relaxation=Relaxation(k=10, lam=5.0)))]
+
+
+@torch.no_grad()
+def run(images: int, sampling: SamplingConfig, device: torch.device, dtype: torch.dtype,
+        batches: tuple[int, ...] = BATCHES) -> dict:
+    pipe = load_embedded(device, dtype, drafter=True)
+    model, drafter, vq = pipe.gpt.model, pipe.drafter.model, pipe.vq.model
+    neighbors = build_neighbors(vq.quantize.embedding.weight, 1000)
+    rows = methods(device)
+    tallies = {(b, m.name): Tally() for b in batches for m in rows}
+    for b in batches:  # warm-up (and `auto` calibration at this batch size) outside the timed rounds
+        for m in rows:
+            m.decode(model, drafter, Condition.classes(list(range(b)), device=device), sampling,
+                     make_generators(999_999, b, device), neighbors)
+    for start in range(0, images, ROUND):
+        for b in batches:
+            for m in rows:
+                t = tallies[(b, m.name)]
+                for first in range(start, start + ROUND, b):
+                    idx = list(range(first, first + b))
+                    labels = [i % 8 for i in idx]
+                    cond = Condition.classes(labels, device=device)
+                    gens = make_generators(first + m.seed_offset, b, device)
+                    synchronize(device)
+                    t0 = time.perf_counter()
+                    result = m.decode(model, drafter, cond, sampling, gens, neighbors)
+                    synchronize(device)
+                    t.seconds += time.perf_counter() - t0
+                    # per image: the prefill and its verifications (AR: one forward per token)
+                    t.forwards += result.stats.forward_passes * (1 if m.spec is not None else b)
+                    if m.spec is not None:
+                        t.trees.add(tree_label(result.stats.tree))
+                    t.images += b
+                    t.tokens.append(result.tokens.cpu())
+                    t.labels.extend(labels)
+        log.info("round %d/%d done", start // ROUND + 1, -(-images // ROUND))
+    out = []
+    for b in batches:
+        summary = summarise(rows, {m.name: tallies[(b, m.name)] for m in rows}, vq, device, images,
+                            model.config.vocab_size)
+        for r in summary["rows"]:
+            out.append(r | {"batch": b, "images_per_s": 1.0 / r["s_per_image"]})
+    return {"rows": out, "goals": goals(out, device)}
+
+
+def goals(rows: list[dict], device: torch.device) -> list[dict]:
+    """The issue's goals at batch 4, each with the measured ratio to AR at batch 4 and whether it is met."""
+    at4 = {r["method"]: r["speedup_vs_ar"] for r in rows if r["batch"] == 4}
+    if not at4:
+        return []
+    if device.type == "cuda":
+        wanted = [(name, 1.0) for name in EXACT] + [(name, 2.0) for name in RELAXED]
+    else:
+        wanted = [("sjd_coupled", 1.0), ("sjd_relaxed lambda=5", 1.0)]
+    return [{"method": name, "goal": f"> {need:g}x AR at batch 4" if need == 1.0 else f">= {need:g}x AR at batch 4",
+             "measured": round(at4[name], 3), "met": at4[name] > need if need == 1.0 else at4[name] >= need}
+            for name, need in wanted if name in at4]
+
+
+def markdown(report: dict) -> str:
+    s = report["sampling"]
+    lines = [f"# Batched decoding on the embedded model ({report['device']}, {report['dtype']})", "",
+             f"{report['model']}; {report['machine']}; torch {report['torch']}, {report['threads']} threads; "
+             f"cfg {s['cfg_scale']}, temperature {s['temperature']}, top-k {s['top_k']}, top-p {s['top_p']}; "
+             f"{report['images']} images per row (class i mod 8, seed i), batch sizes and methods interleaved per "
+             f"round of {ROUND} images; {report['date']}", "",
+             "| batch | method | tree / window | images / s | speed-up vs AR at this batch | mean accepted length | "
+             "classifier acc. | Frechet (clf features) vs real | token-marginal TVD vs AR |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['batch']} | {r['method']} | {r['tree']} | {r['images_per_s']:.2f} | "
+                     f"{r['speedup_vs_ar']:.2f}x | {r['mean_accepted_length']:.2f} | {r['classifier_accuracy']:.3f} | "
+                     f"{r['frechet_vs_real']:.3f} | {r['token_tvd_vs_ar']:.3f} |")
+    lines += ["", "Mean accepted length: image tokens per target forward per image (prefill included). The batch "
+                  "runs until its slowest image is done; images that finish earlier ride along at no extra forward.",
+              "", "## Goals", "", "| method | goal | measured | met |", "|---|---|---|---|"]
+    for g in report["goals"]:
+        lines.append(f"| {g['method']} | {g['goal']} | {g['measured']:.2f}x | {'yes' if g['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description="batched decoding benchmark (embedded model)")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--images", type=int, default=32, help="images per row (a multiple of 8)")
+    parser.add_argument("--batches", type=int, nargs="*", default=list(BATCHES))
+    parser.add_argument("--cfg", type=float, default=3.0)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    if args.images % ROUND or any(ROUND % b for b in args.batches):
+        parser.error(f"--images must be a multiple of {ROUND} and every batch size must divide {ROUND}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    sampling = SamplingConfig(cfg_scale=args.cfg, temperature=args.temperature)
+    torch.set_flush_denormal(True)
+    try:
+        report = run(args.images, sampling, device, dtype, tuple(args.batches))
+    finally:
+        torch.set_flush_denormal(False)
+    report.update(machine_info(device), model=EMBEDDED_NAME, dtype=args.dtype, images=args.images,
+                  sampling=asdict(sampling))
+    write_report(args.out, f"batched_{device.type}_{args.dtype}", report, markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
