@@ -19,7 +19,8 @@ step() {
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 $PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" > "$OUT/torch.txt" 2>&1
 step test-cuda 90 $PY -m pytest -q -m cuda -rs tests/core
-step ar 150 $PY -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --out bench/results
-step iteration_cost 100 $PY -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL --iterations 16 --out bench/results
-step speculative 75 $PY -m lantern_core.benchmarks.speculative --device cuda --dtype bfloat16 --images 8 --out bench/results
-step families 80 $PY -m lantern_core.benchmarks.families --device cuda --dtype bfloat16 --images 1 --out bench/results
+step ar 130 $PY -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --out bench/results
+step iteration_cost 90 $PY -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL --iterations 16 --out bench/results
+step speculative 65 $PY -m lantern_core.benchmarks.speculative --device cuda --dtype bfloat16 --images 8 --out bench/results
+step batched 70 $PY -m lantern_core.benchmarks.batched --device cuda --dtype bfloat16 --images 8 --out bench/results
+step families 70 $PY -m lantern_core.benchmarks.families --device cuda --dtype bfloat16 --images 1 --out bench/results
