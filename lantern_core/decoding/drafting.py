@@ -64,6 +64,17 @@ class DrafterSession:
         self.root_feature = torch.zeros(rows, drafter.config.dim, dtype=self.cache.keys.dtype, device=device)
         self._last_row = drafter.rope_table.shape[0] - 1
 
+    def select_rows(self, rows: torch.Tensor, key_valid: torch.Tensor) -> "DrafterSession":
+        """A session over the batch rows `rows` of this one (cache, lengths and root features copied),
+        sharing `key_valid` (already selected) with the target."""
+        session = DrafterSession.__new__(DrafterSession)
+        session.drafter, session.key_valid, session.known = self.drafter, key_valid, self.known
+        session.cache = self.cache.select_rows(rows)
+        session.length = self.length.index_select(0, rows)
+        session.root_feature = self.root_feature.index_select(0, rows)
+        session._last_row = self._last_row
+        return session
+
     def reset(self, length: int = 0) -> None:
         self.length.fill_(length)
         self.known = length
@@ -129,6 +140,12 @@ def prefix_inputs(drafter: EagleDrafter, model, prefix_ids: torch.Tensor | None,
         return tokens, None
     prompt = model.embed_prompt(prefix_ids[:, 1:])  # (rows, T-1, dim): embedding of token s+1 at slot s
     return tokens, torch.cat([prompt, drafter.embed_tokens(tokens[:, -1:]).to(prompt.dtype)], dim=1)
+
+
+def rows_of(images: list[int], count: int, guided: bool, device: torch.device) -> torch.Tensor:
+    """Batch rows of images `images` out of `count` ([cond count; uncond count] when `guided`), as indices."""
+    rows = list(images) + ([count + g for g in images] if guided else [])
+    return torch.tensor(rows, dtype=torch.long, device=device)
 
 
 def per_row(x: torch.Tensor, rows: int) -> torch.Tensor:

@@ -46,7 +46,8 @@ from ..models.gpt import ImageTransformer
 from .relaxation import Grouping, Relaxation
 from .sampling import Generators, generator_for, sample_from_probs
 from ..layout import extend_neighbors
-from .speculative import NodeDistributions, RunTally, check_neighbors, progress_tokens, weights_digest
+from .speculative import (BatchProgress, NodeDistributions, RunTally, check_neighbors, progress_tokens, record_images,
+                          retire_finished, weights_digest)
 from .step_graphs import RunLayout, StepRunner, layout_for, runner
 
 INITS = ("random", "sample_left", "repeat_left", "repeat_above")
@@ -142,7 +143,7 @@ def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: Sam
 
     def report(done: list[int]) -> None:
         if on_step is not None:
-            on_step(sum(min(d, N) for d in done), B * N, tokens)
+            on_step(sum(done), B * N, tokens)
 
     _decode_batch(model, condition, sampling, replace(config, window=window),
                   [generator_for(generator, i) for i in range(B)], neighbors, tokens, per_cell, tally, report, compile)
@@ -202,21 +203,33 @@ def _decode_batch(model: ImageTransformer, condition: Condition, sampling: Sampl
         progress_tokens(out, state.canvas, state.done)
         tally.prefill_s += time.perf_counter() - t0
         tally.batches += 1
-        done, accepted, width = [1] * G, [0] * G, [0] * G
-        report(done)
-        while min(done) < N:
-            active = [d < N for d in done]
-            w = [min(W, N - d) for d in done]  # never draft past the last image token
-            draw_jacobi_noise(state, shape, generators, [wd - a for wd, a in zip(width, accepted)], w, active)
-            step_runner.run(jacobi_window(T + max(d for d in done if d < N) - 1, shape, layout.exact))
+        progress = BatchProgress.start(G, N)
+        accepted, width = [0] * G, [0] * G
+        report(progress.total)
+        while progress.running:
+            before = progress.done
+            w = [min(W, N - d) for d in before]  # never draft past the last image token
+            draw_jacobi_noise(state, shape, generators, [wd - a for wd, a in zip(width, accepted)], w, progress.active)
+            step_runner.run(jacobi_window(T + progress.furthest - 1, shape, layout.exact))
             tally.batch_iterations += 1
-            now = state.done.tolist()  # the one host read per iteration
-            accepted = [n - d - 1 if a else 0 for n, d, a in zip(now, done, active)]
-            width, done = w, now
-            progress_tokens(out, state.canvas, state.done)
-            report(done)
-        per_cell.copy_(state.per_cell[:, :N])
-        tally.add_run(state)
+            progress.update(state.done.tolist())  # the one host read per iteration
+            accepted = [n - d - 1 if d < N else 0 for n, d in zip(progress.done, before)]
+            width = w
+            progress_tokens(out, state.canvas, state.done, progress.images)
+            report(progress.total)
+            smaller, keep = retire_finished(state, progress, per_cell, tally, sampling.uses_cfg) if layout.exact \
+                else (None, None)
+            if smaller is not None:
+                tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
+                state.release()
+                state, shape = smaller, replace(shape, rows=smaller.length.shape[0])
+                context = JacobiContext(model, shape, dist)
+                step_runner = StepRunner(lambda variant, c=context, st=state: jacobi_iteration(c, st, variant[1]), state)
+                generators = [generators[g] for g in keep]
+                accepted, width = [accepted[g] for g in keep], [width[g] for g in keep]
+                progress.keep(keep)
+        record_images(state, progress, list(range(len(progress.images))), per_cell, tally)
+        tally.add_totals(state)
     finally:
         tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
         if not step_runner.shared:

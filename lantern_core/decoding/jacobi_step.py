@@ -25,7 +25,7 @@ from ..config import SamplingConfig
 from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import KVCache, attention_mask
 from .acceptance import absorbed_set, normalise
-from .drafting import per_row
+from .drafting import per_row, rows_of
 from .relaxation import group_mass, relax
 from .sampling import sample_from_probs
 from .step_graphs import SLOT_BUCKET, band_starts, band_window
@@ -136,6 +136,22 @@ class JacobiState:
 
     def reset_for_warmup(self, start: int) -> None:
         self.start_image(start, torch.zeros_like(self.done), self.p_prev[:, 0].clone())
+
+    def select(self, images: list[int], guided: bool) -> "JacobiState":
+        """The state of images `images` only (their cache rows, windows, noise and counters; the run totals
+        carried over): a smaller batch for devices that run eagerly (see `TreeState.select`)."""
+        G, device = self.done.shape[0], self.done.device
+        keep = torch.tensor(images, dtype=torch.long, device=device)
+        rows = rows_of(images, G, guided, device)
+        pick = lambda t: None if t is None else t.index_select(0, keep)  # noqa: E731
+        return JacobiState(
+            cache=self.cache.select_rows(rows), key_valid=self.key_valid.index_select(0, rows),
+            length=self.length.index_select(0, rows), done=pick(self.done), canvas=pick(self.canvas),
+            per_cell=pick(self.per_cell), drafts=pick(self.drafts), q=pick(self.q), proposed=pick(self.proposed),
+            p_prev=pick(self.p_prev), accepted_prev=pick(self.accepted_prev), width_prev=pick(self.width_prev),
+            judge_uniforms=pick(self.judge_uniforms), draw_uniforms=pick(self.draw_uniforms),
+            uniform_q=self.uniform_q, gumbel=pick(self.gumbel), neighbors=self.neighbors,
+            histogram=pick(self.histogram), absorbed=self.absorbed, relaxed=self.relaxed)
 
     def release(self) -> None:
         self.cache.release()

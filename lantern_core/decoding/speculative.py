@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -263,7 +263,7 @@ class RunTally:
     by_node: torch.Tensor | None = None  # (n+1,) acceptances per node of the static tree in use
     drafter_forwards: int = 0
     histogram: list[int] = field(default_factory=list)  # iterations by drafted tokens accepted, all images
-    per_image: list[list[int]] = field(default_factory=list)  # the same per image
+    per_image: list[tuple[int, list[int]]] = field(default_factory=list)  # (image, its histogram) as images finish
     batch_iterations: int = 0  # iterations of the batch loop (one target forward each)
     batches: int = 0  # prefills
     prefill_s: float = 0.0
@@ -282,7 +282,7 @@ class RunTally:
         """The run's stats (reads the device counters once)."""
         accepted = sum(k * c for k, c in enumerate(self.histogram))
         per_image = [{"iterations": sum(h), "mean_accepted_length": round(image_tokens / (1 + sum(h)), 4)}
-                     for h in self.per_image]
+                     for _, h in sorted(self.per_image, key=lambda item: item[0])]
         return SpeculativeStats(
             batch=batch, image_tokens=image_tokens, forward_passes=batch + self.iterations, wall_time_s=wall_time_s,
             prefill_time_s=self.prefill_s, kv_cache_bytes=self.cache_bytes, iterations=self.iterations,
@@ -292,18 +292,23 @@ class RunTally:
             accepted_by_node=[] if self.by_node is None else self.by_node.tolist(), tree=tree,
             batch_forwards=self.batches + self.batch_iterations, per_image=per_image)
 
-    def add_run(self, state) -> None:
-        """Fold a batch's device counters in (a `TreeState` or `JacobiState`: per-image `histogram` (G, ·),
-        `absorbed` (sum, max), `relaxed`, and for trees `by_node`); one read of the histograms per batch."""
-        for counts in state.histogram.tolist():
+    def add_images(self, state, local: list[int], original: list[int]) -> None:
+        """Fold the per-image counters of images `local` of a batch state (a `TreeState` or `JacobiState`:
+        `histogram` (G, ·)) in, recorded as images `original` of the run; one read of the histograms."""
+        rows = state.histogram.tolist()
+        for g, image in zip(local, original):
+            counts = rows[g]
             while counts and counts[-1] == 0:
                 counts.pop()
-            self.per_image.append(counts)
+            self.per_image.append((image, counts))
             for accepted, count in enumerate(counts):
                 while len(self.histogram) <= accepted:
                     self.histogram.append(0)
                 self.histogram[accepted] += count
             self.drafter_forwards += (1 + sum(counts) * state.forwards_per_iteration) if state.forwards_per_iteration else 0
+
+    def add_totals(self, state) -> None:
+        """Fold a batch's run totals in: `absorbed` (sum, max), `relaxed`, and for trees `by_node`."""
         self.absorbed_sum += state.absorbed[0]
         self.absorbed_max = torch.maximum(self.absorbed_max, state.absorbed[1])
         self.relaxed += state.relaxed
@@ -311,12 +316,79 @@ class RunTally:
             self.by_node += state.by_node[: self.by_node.numel()]
 
 
-def progress_tokens(out: torch.Tensor, tokens: torch.Tensor, done: torch.Tensor) -> None:
-    """Copy the decoded cells of every image into `out` (B, N), -1 where an image has not got that far (so a
-    preview of one image can tell its own progress in a batch that advances unevenly)."""
+def progress_tokens(out: torch.Tensor, tokens: torch.Tensor, done: torch.Tensor, images: list[int] | None = None) -> None:
+    """Copy the decoded cells of every image of a batch state into `out` (B, N) (rows `images` of it when the
+    state holds only those), -1 where an image has not got that far (so a preview of one image can tell its
+    own progress in a batch that advances unevenly)."""
     N = out.shape[1]
     cells = torch.arange(N, device=out.device)
-    out.copy_(torch.where(cells < done[:, None], tokens[:, :N], torch.full_like(out, -1)))
+    current = torch.where(cells < done[:, None], tokens[:, :N], torch.full_like(tokens[:, :N], -1))
+    if images is None:
+        out.copy_(current)
+    else:
+        out.index_copy_(0, torch.tensor(images, dtype=torch.long, device=out.device), current)
+
+
+@dataclass
+class BatchProgress:
+    """Where a batch loop stands on the host: the run's index of each image still in the state (images that
+    are done leave the state on devices that run eagerly), their tokens done, and every image's tokens done."""
+
+    images: list[int]
+    done: list[int]
+    total: list[int]
+    N: int
+
+    @classmethod
+    def start(cls, count: int, N: int) -> "BatchProgress":
+        return cls(list(range(count)), [1] * count, [1] * count, N)
+
+    @property
+    def running(self) -> bool:
+        return min(self.done) < self.N
+
+    @property
+    def active(self) -> list[bool]:
+        return [d < self.N for d in self.done]
+
+    @property
+    def furthest(self) -> int:
+        """Tokens done by the furthest image still decoding (what the attention windows must cover)."""
+        return max(d for d in self.done if d < self.N)
+
+    def update(self, done: list[int]) -> None:
+        self.done = done
+        for image, d in zip(self.images, done):
+            self.total[image] = min(d, self.N)
+
+    def finished(self) -> list[int]:
+        return [g for g, d in enumerate(self.done) if d >= self.N]
+
+    def keep(self, local: list[int]) -> None:
+        self.images = [self.images[g] for g in local]
+        self.done = [self.done[g] for g in local]
+
+
+def retire_finished(state, progress: BatchProgress, per_cell: torch.Tensor, tally: RunTally, guided: bool):
+    """On devices that run eagerly, images that are done leave the batch so they stop costing work: their
+    heat maps and counters are recorded, and the state of the others is returned (None when nobody is done
+    or everybody is). Kept images are returned as local indices of the old state."""
+    finished = progress.finished()
+    if not finished or len(finished) == len(progress.done):
+        return None, None
+    record_images(state, progress, finished, per_cell, tally)
+    keep = [g for g in range(len(progress.done)) if g not in finished]
+    return state.select(keep, guided), keep
+
+
+def record_images(state, progress: BatchProgress, local: list[int], per_cell: torch.Tensor, tally: RunTally) -> None:
+    """Copy the heat maps of images `local` of the state out and fold their counters into the tally."""
+    N = per_cell.shape[1]
+    index = torch.tensor(local, dtype=torch.long, device=per_cell.device)
+    images = [progress.images[g] for g in local]
+    per_cell.index_copy_(0, torch.tensor(images, dtype=torch.long, device=per_cell.device),
+                         state.per_cell.index_select(0, index)[:, :N])
+    tally.add_images(state, local, images)
 
 
 def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
@@ -366,13 +438,20 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
 
     def report(done: list[int]) -> None:
         if on_step is not None:
-            on_step(sum(min(d, N) for d in done), B * N, tokens)
+            on_step(sum(done), B * N, tokens)
 
     _decode_batch(model, drafter, condition, sampling, spec, plan, [generator_for(generator, i) for i in range(B)],
                   neighbors, tokens, per_cell, tally, report, compile)
     synchronize(device)
     stats = tally.to_stats(B, N, time.perf_counter() - start, tree_name)
     return GenerationResult(tokens, stats, per_cell)
+
+
+def eager_tree_runner(model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape, plan: StaticPlan | None,
+                      dist: NodeDistributions, state: TreeState) -> StepRunner:
+    """An uncached, never captured runner over an existing state (a batch that shrank)."""
+    context = TreeContext(model, drafter, shape, plan, dist)
+    return StepRunner(lambda windows: tree_iteration(context, state, windows), state)
 
 
 def tree_runner(model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape, plan: StaticPlan | None,
@@ -421,18 +500,25 @@ def _decode_batch(model, drafter, condition, sampling, spec, plan, generators, n
         progress_tokens(out, state.tokens, state.done)
         tally.prefill_s += time.perf_counter() - t0
         tally.batches += 1
-        done = [1] * shape.trees
-        report(done)
-        while min(done) < N:
-            active = [d < N for d in done]
-            draw_iteration_noise(state, generators, active)
-            step_runner.run(tree_windows(T + max(d for d in done if d < N) - 1, shape, layout.exact))
+        progress = BatchProgress.start(shape.trees, N)
+        report(progress.total)
+        while progress.running:
+            draw_iteration_noise(state, generators, progress.active)
+            step_runner.run(tree_windows(T + progress.furthest - 1, shape, layout.exact))
             tally.batch_iterations += 1
-            done = state.done.tolist()  # the one host read per iteration
-            progress_tokens(out, state.tokens, state.done)
-            report(done)
-        per_cell.copy_(state.per_cell[:, :N])
-        tally.add_run(state)
+            progress.update(state.done.tolist())  # the one host read per iteration
+            progress_tokens(out, state.tokens, state.done, progress.images)
+            report(progress.total)
+            smaller, keep = retire_finished(state, progress, per_cell, tally, guided) if layout.exact else (None, None)
+            if smaller is not None:
+                tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
+                state.release()
+                state, shape = smaller, replace(shape, rows=smaller.length.shape[0])
+                step_runner = eager_tree_runner(model, drafter, shape, plan, dist, state)
+                generators = [generators[g] for g in keep]
+                progress.keep(keep)
+        record_images(state, progress, list(range(len(progress.images))), per_cell, tally)
+        tally.add_totals(state)
     finally:
         tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
         if not step_runner.shared:

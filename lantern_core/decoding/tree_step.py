@@ -24,7 +24,7 @@ from ..models.gpt import ImageTransformer
 from ..models.kv_cache import KVCache
 from .step_graphs import SLOT_BUCKET, band_starts, band_window
 from .drafting import (DraftTree, DrafterSession, DynamicShape, NodeDistribution, StaticPlan, draft_dynamic,
-                       draft_static, index_tensor, noise_shapes, per_row)
+                       draft_static, index_tensor, noise_shapes, per_row, rows_of)
 from .relaxation import Relaxation
 from .tree import TreeSpec
 from .tree_attention import commit_padded_path, forward_tree
@@ -159,6 +159,26 @@ class TreeState:
         """A valid state for warm-up iterations at committed length `start` (capture runs real iterations)."""
         self.start_image(start, torch.zeros(self.done.shape, dtype=torch.long, device=self.tokens.device))
         self.session.reset(start)
+
+    def select(self, images: list[int], guided: bool) -> "TreeState":
+        """The state of images `images` only (their rows of both caches, their tokens, noise and counters; the
+        run totals carried over): a smaller batch for devices that run eagerly, where an image that is done
+        would otherwise still cost its share of every forward."""
+        G, device = self.done.shape[0], self.done.device
+        keep = torch.tensor(images, dtype=torch.long, device=device)
+        rows = rows_of(images, G, guided, device)
+        key_valid = self.key_valid.index_select(0, rows)
+
+        def per_tree(buffer: torch.Tensor) -> torch.Tensor:  # (G * P, V) -> (len(images) * P, V)
+            return buffer.view(G, -1, buffer.shape[-1]).index_select(0, keep).reshape(-1, buffer.shape[-1])
+
+        return TreeState(
+            cache=self.cache.select_rows(rows), key_valid=key_valid, session=self.session.select_rows(rows, key_valid),
+            length=self.length.index_select(0, rows), done=self.done.index_select(0, keep),
+            tokens=self.tokens.index_select(0, keep), per_cell=self.per_cell.index_select(0, keep),
+            noise=[per_tree(b) for b in self.noise], uniforms=self.uniforms.index_select(0, keep),
+            neighbors=self.neighbors, histogram=self.histogram.index_select(0, keep), by_node=self.by_node,
+            absorbed=self.absorbed, relaxed=self.relaxed, forwards_per_iteration=self.forwards_per_iteration)
 
     def release(self) -> None:
         self.cache.release()

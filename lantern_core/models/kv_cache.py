@@ -47,6 +47,10 @@ class KVCache:
             self.values[layer].scatter_(2, index, v)
         return self.keys[layer, :, :, :kv_len], self.values[layer, :, :, :kv_len]
 
+    def select_rows(self, rows: torch.Tensor) -> "KVCache":
+        """A new cache holding the batch rows `rows` (long indices) of this one (a copy)."""
+        return KVCache(self.keys.index_select(1, rows), self.values.index_select(1, rows))
+
     def release(self) -> None:
         """Drop the buffers (the object stays valid but empty); used in `finally` after a run."""
         self.keys = self.values = torch.empty(0)
