@@ -136,3 +136,48 @@ def test_jacobi_neighbour_count_beyond_the_codebook_names_lantern_k(node, model)
     dec = decoding(node, None, "sjd_relaxed", jacobi_window=4, lantern_k=5000)
     with pytest.raises(LanternError, match="lantern_k"):
         run(node, model, dec)
+
+
+def test_a_batch_decodes_together_with_whole_batch_progress_previews_and_cancel(mm, node, model, drafter):
+    """Batch 3 in one speculative run: progress counts the whole batch's tokens, previews show image 0, the
+    stats carry each image's accepted length and say the heat map is image 0's, image i equals the single
+    run with seed + i, and Cancel stops the whole batch within an iteration."""
+    import comfy.cli_args
+    import comfy.utils
+    from comfy.cli_args import LatentPreviewMethod
+
+    dec = decoding(node, drafter, "lantern_pp", tree="mc_sim_7b_63")
+    calls = []
+    comfy.utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: calls.append((value, total, preview)))
+    comfy.cli_args.args.preview_method = LatentPreviewMethod.Auto
+    try:
+        out = run(node, model, dec, seed=20, batch_size=3)
+    finally:
+        comfy.cli_args.args.preview_method = LatentPreviewMethod.NoPreviews
+        comfy.utils.set_progress_bar_global_hook(None)
+    values = [c[0] for c in calls]
+    assert values == sorted(values) and values[-1] == 3 * 256 and {c[1] for c in calls} == {3 * 256}
+    assert len(values) < 3 * 256 / 1.2  # several tokens per step: one batched iteration per update
+    assert any(c[2] is not None for c in calls)  # previews of image 0 while the batch runs
+    tokens, text = out.args
+    payload = out.ui["lantern_stats"][0]
+    assert len(payload["accepted_length_per_image"]) == 3 and payload["heatmap_image"] == 0
+    assert payload["batch_forwards"] < payload["forward_passes"] and "decoded together" in text
+    alone = run(node, model, dec, seed=21, batch_size=1).args[0].tokens
+    assert torch.equal(tokens.tokens[1], alone[0])
+
+    seen = []
+
+    def hook(value, total, preview, node_id=None):
+        seen.append(value)
+        if value >= 100:
+            mm.interrupt_current_processing(True)
+
+    comfy.utils.set_progress_bar_global_hook(hook)
+    try:
+        with pytest.raises(mm.InterruptProcessingException):
+            run(node, model, dec, seed=20, batch_size=3)
+    finally:
+        comfy.utils.set_progress_bar_global_hook(None)
+    assert seen[-1] >= 100 and seen[-2] < 100  # stopped at the iteration that saw the flag
+    assert not mm.processing_interrupted()
