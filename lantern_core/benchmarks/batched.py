@@ -131,7 +131,9 @@ def markdown(report: dict) -> str:
                      f"{r['speedup_vs_ar']:.2f}x | {r['mean_accepted_length']:.2f} | {r['classifier_accuracy']:.3f} | "
                      f"{r['frechet_vs_real']:.3f} | {r['token_tvd_vs_ar']:.3f} |")
     lines += ["", "Mean accepted length: image tokens per target forward per image (prefill included). The batch "
-                  "runs until its slowest image is done; images that finish earlier ride along at no extra forward.",
+                  "runs until its slowest image is done: where steps run eagerly (CPU, MPS) an image that is done "
+                  "leaves the batch and stops costing work; a captured (CUDA) batch keeps it, masked, at no extra "
+                  "forward.",
               "", "## Goals", "", "| method | goal | measured | met |", "|---|---|---|---|"]
     for g in report["goals"]:
         lines.append(f"| {g['method']} | {g['goal']} | {g['measured']:.2f}x | {'yes' if g['met'] else 'no'} |")

@@ -2,7 +2,7 @@
 children sampled without replacement, or top-c when greedy) and the dynamic EAGLE-2 tree (top-k
 expansion by cumulative drafter log-probability, pruned to the best `nodes`).
 
-`DrafterSession` owns the drafter's KV cache for one image: `consume` appends accepted (feature, token)
+`DrafterSession` owns the drafter's KV cache for a batch's rows: `consume` appends accepted (feature, token)
 pairs, `expand` runs tree nodes against the cached prefix plus their ancestors. Node distributions
 come from the same CFG + filters the target uses, as log-probabilities: children are drawn without
 replacement by a Gumbel race in the log domain, so a sibling after one that held almost all of q is
@@ -33,7 +33,7 @@ class NodeDistribution(Protocol):
 
 @dataclass
 class DraftTree:
-    """G independent trees of n drafted nodes (G = 1 while decoding one image; tests verify many at once)."""
+    """G independent trees of n drafted nodes (one per image of the batch being decoded)."""
 
     tokens: torch.Tensor  # (G, n+1) long, node 0 = the root (last accepted token)
     parents: torch.Tensor  # (n+1,) or (G, n+1) long, -1 for the root

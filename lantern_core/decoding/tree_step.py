@@ -1,10 +1,12 @@
-"""The static-shape speculative iteration over a draft tree: draft (one drafter forward per level), verify
-(one target forward over the tree), walk, commit the accepted path, feed it to the drafter, all with
-every value that changes between iterations held in device tensors.
+"""The static-shape speculative iteration over draft trees for a batch of G images: draft (one drafter
+forward per level for all G trees), verify (one target forward over every tree), walk, commit each
+accepted path, feed them to the drafter, all with every value that changes between iterations held in
+device tensors.
 
-`TreeState` holds what an iteration reads and writes (both KV caches, the committed length, the number of
-image tokens done, the output buffer padded by one tree path, the noise the iteration consumes and the
-run counters). `tree_iteration` changes shapes only with `TreeShape` and the `TreeWindows` it is given,
+`TreeState` holds what an iteration reads and writes (both KV caches, the committed length of every cache
+row, the image tokens done per image, the output buffers padded by two tree paths, the noise the iteration
+consumes and the run counters). Images advance independently; one that is done rides along with its length
+frozen until the batch ends (or leaves the batch, `TreeState.select`, on devices that run eagerly). `tree_iteration` changes shapes only with `TreeShape` and the `TreeWindows` it is given,
 never reads the host and never branches on a tensor value, so one call runs eagerly, under
 `torch.compile(fullgraph=True)` or replayed from a CUDA graph (`step_graphs.py`). Accepted paths have a
 fixed size (depth + 1, padded past the accepted count): the padded tail is written where the next
