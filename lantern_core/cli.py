@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cls", action="append", default=[], help="class name or index (c2i); repeat for a batch")
     g.add_argument("--batch", type=int, default=1, help="samples per class/prompt")
     g.add_argument("--grid-size", type=int, default=None, help="override the token grid side")
+    g.add_argument("--n-head", type=int, default=None,
+                   help="attention heads of a LlamaGen .pt trained with a non-standard head count (default: "
+                        "from the file's saved args or LlamaGen's published widths; the stats' load notes say which)")
     g.add_argument("--cfg", type=float, default=3.0)
     g.add_argument("--cfg-interval", type=int, default=-1)
     g.add_argument("--temperature", type=float, default=1.0)
@@ -62,7 +65,7 @@ def run_generate(args: argparse.Namespace) -> dict:
 
     dtype = DTYPES[args.dtype]
     device = torch.device(args.device)
-    gpt = load_gpt(args.gpt, grid_size=args.grid_size, device=device, dtype=dtype)
+    gpt = load_gpt(args.gpt, grid_size=args.grid_size, device=device, dtype=dtype, n_head=args.n_head)
     vq_path = args.vq or (EMBEDDED_VQ if Path(args.gpt).resolve() == EMBEDDED_GPT else None)
     if vq_path is None:
         raise LanternError("--vq is required with a non-embedded GPT: pass the VQ tokenizer file "

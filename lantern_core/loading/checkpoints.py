@@ -188,29 +188,81 @@ def _infer_grid(path: Path, raw_meta: dict, args: dict, hf_config: dict, notes: 
     return 16
 
 
-def _infer_heads(dim: int, args: dict, hf_config: dict, notes: list[str]) -> int:
+HEADS_FIX = ("give the head count: n_head= in load_gpt, --n-head on the command line, or {\"n_head\": N} in a "
+             "sidecar JSON next to the file (<file name>.json, or config.json in its folder) for the nodes")
+
+
+def _infer_heads(dim: int, args: dict, hf_config: dict, notes: list[str], n_head: int | None = None,
+                 sidecar: str = "") -> int:
+    """The head count, by the first rule that applies (the rule used goes into the load notes): an explicit
+    `n_head` (argument or sidecar JSON), the HF config, the checkpoint's saved training args (`n_head`, then
+    the `gpt_model` preset), LlamaGen's published width table, else head_dim 64."""
+    if n_head is not None:
+        notes.append(f"{n_head} attention heads as given ({sidecar or 'n_head'})")
+        return n_head
     if hf_config.get("num_attention_heads"):
         return int(hf_config["num_attention_heads"])
+    if isinstance(args.get("n_head"), int) and args["n_head"] > 0:
+        notes.append(f"{args['n_head']} attention heads from the checkpoint's saved args (n_head)")
+        return int(args["n_head"])
     name = args.get("gpt_model")
     if name in GPT_PRESETS:
+        notes.append(f"{GPT_PRESETS[name][1]} attention heads from the checkpoint's saved args (gpt_model {name})")
         return GPT_PRESETS[name][1]
     if dim in HEADS_BY_DIM:
+        notes.append(f"{HEADS_BY_DIM[dim]} attention heads: dim {dim} is a published LlamaGen width")
         return HEADS_BY_DIM[dim]
     heads = max(1, dim // 64)
-    notes.append(f"dim {dim} matches no published size: assuming head_dim 64 ({heads} heads)")
+    notes.append(f"dim {dim} matches no published size: assuming head_dim 64 ({heads} heads); if it was trained "
+                 f"with another head count, {HEADS_FIX}")
     return heads
 
 
+def read_sidecar(path: Path) -> tuple[dict, str]:
+    """Loading hints kept beside a single checkpoint file for the nodes: `<file name>.json` (e.g.
+    `my_gpt.pt.json`), else `config.json` in the same folder, if either holds a JSON object with `n_head`.
+    Returns (hints, the file they came from) or ({}, "")."""
+    for candidate in (path.with_name(path.name + ".json"), path.with_name("config.json")):
+        if path.is_dir() or not candidate.is_file():
+            continue
+        hints = read_json_object(candidate, "write the loading hints as a JSON object, e.g. {\"n_head\": 16}, "
+                                            "or delete the file")
+        if "n_head" in hints:
+            return hints, candidate.name
+    return {}, ""
+
+
+def check_heads(path: Path, n_head, dim: int, qkv_rows: int, where: str) -> None:
+    """An explicit head count that the weights can have: a positive integer dividing dim, with whole K/V heads."""
+    if isinstance(n_head, bool) or not isinstance(n_head, int) or n_head < 1 or dim % n_head:
+        raise CheckpointError(path, f"{where}: a positive integer that divides the width {dim}", repr(n_head), HEADS_FIX)
+    head_dim = dim // n_head
+    if head_dim % 2:
+        raise CheckpointError(path, f"{where}: a head count with an even head size (RoPE rotates pairs)",
+                              f"{n_head} (head size {head_dim})", HEADS_FIX)
+    if (qkv_rows - dim) % (2 * head_dim) or qkv_rows <= dim:
+        raise CheckpointError(path, f"{where}: a head count whose head size ({head_dim}) splits the fused K/V "
+                              f"projection ({qkv_rows - dim} rows) into whole heads", repr(n_head), HEADS_FIX)
+
+
 def infer_gpt_config(path: Path, sd: dict[str, torch.Tensor], raw_meta: dict, args: dict,
-                     hf_config: dict, notes: list[str]) -> GPTConfig:
-    """Build the GPTConfig implied by LlamaGen-named tensors plus any stored config."""
+                     hf_config: dict, notes: list[str], n_head: int | None = None) -> GPTConfig:
+    """Build the GPTConfig implied by LlamaGen-named tensors plus any stored config. `n_head` (or a sidecar
+    JSON's, see `read_sidecar`) overrides the inferred head count, which the weights' shapes cannot tell."""
     if "config" in raw_meta:  # our own safetensors: the config is authoritative, shapes are checked later
         return config_from_metadata(GPTConfig, path, raw_meta, GPT_FIX)
     vocab, dim = sd["tok_embeddings.weight"].shape
     n_layer = len({int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k))})
-    n_head = _infer_heads(dim, args, hf_config, notes)
-    head_dim = dim // n_head
     qkv_rows = sd["layers.0.attention.wqkv.weight"].shape[0]
+    where = "n_head"
+    if n_head is None:
+        hints, where = read_sidecar(path)
+        n_head = hints.get("n_head")
+        where = f"n_head in {where}" if where else "n_head"
+    if n_head is not None:
+        check_heads(path, n_head, dim, qkv_rows, where)
+    n_head = _infer_heads(dim, args, hf_config, notes, n_head, where)
+    head_dim = dim // n_head
     n_kv_head = (qkv_rows - dim) // (2 * head_dim)
     common = dict(dim=dim, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, vocab_size=vocab,
                   ffn_dim=sd["layers.0.feed_forward.w1.weight"].shape[0],
@@ -298,8 +350,10 @@ def check_values(path: Path, expected: dict[str, torch.Tensor], sd: dict[str, to
 
 
 def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.device | str = "cpu",
-             dtype: torch.dtype = torch.float32) -> LoadedGPT:
-    """Load a LlamaGen GPT from a file or an HF folder, inferring its config. Raises CheckpointError."""
+             dtype: torch.dtype = torch.float32, n_head: int | None = None) -> LoadedGPT:
+    """Load a LlamaGen GPT from a file or an HF folder, inferring its config (`n_head` overrides the inferred
+    head count of a file without a stored config; the load notes say which rule gave it). Raises
+    CheckpointError."""
     path = Path(path)
     notes: list[str] = []
     hf_config: dict = {}
@@ -321,7 +375,7 @@ def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.devic
     if raw.metadata and raw.metadata.get("kind") not in (None, "gpt"):
         raise CheckpointError(path, "a GPT file", f"a file marked '{raw.metadata.get('kind')}'", GPT_FIX)
     try:
-        config = infer_gpt_config(path, tensors, raw.metadata, raw.args, hf_config, notes)
+        config = infer_gpt_config(path, tensors, raw.metadata, raw.args, hf_config, notes, n_head)
         if grid_size is not None:
             config = config.with_grid(grid_size)
     except ConfigError as exc:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..config import GPTConfig
 from ..layout import constrain
-from .kv_cache import KVCache
+from .kv_cache import KVCache, attention_mask
 from .rope import apply_rope, build_rope_1d, build_rope_2d
 
 # Spare zero RoPE rows past the grid, so speculative positions that overrun the image stay valid.
@@ -254,10 +254,20 @@ class LlamaGenGPT(ImageTransformer):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.output(hidden).float()
 
-    def training_logits(self, condition: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Teacher forcing: logits (B, N, V) predicting tokens (B, N) from the prefix and tokens[:, :-1]."""
+    def training_logits(self, condition: torch.Tensor, tokens: torch.Tensor,
+                        caption_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher forcing: logits (B, N, V) predicting tokens (B, N) from the prefix and tokens[:, :-1]. A
+        left-padded t2i caption needs its `caption_mask` (B, T_cap), True on real tokens: padded prefix keys
+        are then hidden from every query (a padded row still sees itself), as in LlamaGen's training forward
+        and in decoding; without it every prefix key is attended."""
         prefix = self.embed_condition(condition)
         h = torch.cat([prefix, self.embed_tokens(tokens[:, :-1])], dim=1)  # (B, cls + N - 1, dim)
-        positions = torch.arange(h.shape[1], device=h.device)
-        hidden = self.forward(h, ForwardStep(positions))
+        L = h.shape[1]
+        positions = torch.arange(L, device=h.device)
+        mask = None
+        if caption_mask is not None:
+            key_valid = torch.ones(h.shape[0], L, dtype=torch.bool, device=h.device)
+            key_valid[:, :prefix.shape[1]] = caption_mask.to(h.device).bool()
+            mask = attention_mask(key_valid, positions, L)
+        hidden = self.forward(h, ForwardStep(positions, mask=mask))
         return self.logits(hidden[:, self.config.cls_token_num - 1:])

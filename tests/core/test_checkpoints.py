@@ -379,3 +379,47 @@ def test_hf_folder_without_weights(tmp_path):
     with pytest.raises(CheckpointError) as err:
         load_gpt(folder)
     assert_clear(err.value, folder, "model.safetensors")
+
+
+# ------------------------------------------------------------------------------ head count of custom .pt
+
+CUSTOM_HEADS = GPTConfig(dim=128, n_layer=1, n_head=8, vocab_size=64, model_type="c2i", num_classes=10, grid_size=4)
+
+
+def test_a_custom_head_count_comes_from_saved_args_an_argument_or_a_sidecar(tmp_path):
+    """dim 128 is no published width, so the weights alone suggest head_dim 64 (2 heads): wrong for a model
+    trained with 8. The saved args, an explicit n_head and a sidecar JSON each give 8, and the load notes say
+    which rule was used."""
+    source = random_gpt(CUSTOM_HEADS, seed=3)
+    expected = logits_of(source, CUSTOM_HEADS)
+    sd = source.state_dict()
+    guessed = load_gpt(save_llamagen_pt(tmp_path / "bare.pt", sd, "model"))
+    assert guessed.config.n_head == 2 and any("head_dim 64" in n and "n_head" in n for n in guessed.notes)
+    assert not torch.allclose(logits_of(guessed.model, guessed.config), expected, atol=1e-3)  # the rule matters
+
+    saved = load_gpt(save_llamagen_pt(tmp_path / "args.pt", sd, "model", args={"n_head": 8, "gpt_model": "custom"}))
+    assert saved.config.n_head == 8 and any("saved args (n_head)" in n for n in saved.notes)
+    given = load_gpt(tmp_path / "bare.pt", n_head=8)
+    assert given.config.n_head == 8 and any("as given (n_head)" in n for n in given.notes)
+    (tmp_path / "bare.pt.json").write_text(json.dumps({"n_head": 8}))
+    sidecar = load_gpt(tmp_path / "bare.pt")
+    assert sidecar.config.n_head == 8 and any("bare.pt.json" in n for n in sidecar.notes)
+    for loaded in (saved, given, sidecar):
+        assert torch.allclose(logits_of(loaded.model, loaded.config), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [3, 0, "8", 128])
+def test_an_impossible_head_count_is_refused_with_the_fix(tmp_path, bad):
+    path = save_llamagen_pt(tmp_path / "bare.pt", random_gpt(CUSTOM_HEADS, seed=3).state_dict(), "model")
+    with pytest.raises(CheckpointError, match="n_head") as info:
+        load_gpt(path, n_head=bad)
+    assert "--n-head" in str(info.value)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json"):
+        load_gpt(path)
+
+
+def test_the_command_line_takes_n_head():
+    from lantern_core.cli import build_parser
+
+    assert build_parser().parse_args(["generate", "--n-head", "8"]).n_head == 8

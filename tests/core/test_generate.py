@@ -77,6 +77,34 @@ def test_t2i_padded_positions_are_invisible(t2i_model):
     assert not torch.equal(a, unmasked)  # the check above can fail: without the mask the garbage is seen
 
 
+def test_training_logits_follow_the_caption_mask(t2i_model):
+    """Teacher forcing over a left-padded caption with its mask gives the logits of cached decoding (prefill,
+    then one token per step) at every image position; without the mask the padded keys leak in."""
+    from lantern_core.decoding.generate import prefill
+
+    mask = torch.tensor([[False, False, True, True, True, True], [False] * 5 + [True], [True] * 6])
+    caption = torch.randn(3, 6, 24, generator=torch.Generator().manual_seed(4)) * 3
+    tokens = torch.randint(0, t2i_model.config.vocab_size, (3, t2i_model.config.num_image_tokens),
+                           generator=torch.Generator().manual_seed(5))
+    prefix = build_prefix(t2i_model, Condition(caption=caption, caption_mask=mask), guided=False)
+    N, T = tokens.shape[1], prefix.key_valid.shape[1]
+    cache = t2i_model.allocate_cache(3, T + N)
+    key_valid = torch.ones(3, T + N, dtype=torch.bool)
+    key_valid[:, :T] = prefix.key_valid
+    with torch.no_grad():
+        cached = [t2i_model.logits(prefill(t2i_model, prefix, cache, key_valid)[:, -1])]
+        for i in range(N - 1):
+            slot = torch.tensor([T + i])
+            step = ForwardStep(slot, cache, kv_len=T + i + 1, mask=attention_mask(key_valid, slot, T + i + 1))
+            cached.append(t2i_model.logits(t2i_model(t2i_model.embed_tokens(tokens[:, i:i + 1]), step))[:, -1])
+        cached = torch.stack(cached, 1)  # (3, N, V)
+        masked = t2i_model.training_logits(caption, tokens, caption_mask=mask)
+        unmasked = t2i_model.training_logits(caption, tokens)
+    assert torch.allclose(masked, cached, atol=1e-4)
+    assert not torch.allclose(unmasked[:2], cached[:2], atol=1e-2)  # the padded rows differ without it
+    assert torch.allclose(unmasked[2], cached[2], atol=1e-4)  # an unpadded caption needs no mask
+
+
 def test_t2i_unconditional_rows_use_uncond_embedding(t2i_model):
     caption = torch.randn(1, 6, 24, generator=torch.Generator().manual_seed(2))
     condition = Condition(caption=caption)
