@@ -30,7 +30,7 @@ from .drafting import (DraftTree, DrafterSession, DynamicShape, NodeDistribution
 from .relaxation import Relaxation
 from .tree import TreeSpec
 from .tree_attention import commit_padded_path, forward_tree
-from .tree_walk import WalkResult, walk_tree
+from .tree_walk import WalkResult, walk_longest_path, walk_tree
 
 
 @dataclass(frozen=True)
@@ -229,8 +229,12 @@ def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length:
     target = dist.combine(logits, index) if greedy else dist(logits, index)  # (G, n+1, V)
     if uniforms is None:
         uniforms = torch.rand(walk_uniforms_shape(G, tree), generator=generator, device=logits.device)
-    walk = walk_tree(target, tree.children, tree.tokens, tree.depth, uniforms, tree.log_q, greedy,
-                     spec.relaxation, neighbors)
+    if greedy and spec.relaxation is not None and tree.parents.dim() == 2:  # relaxed greedy on dynamic trees
+        walk = walk_longest_path(target, tree.parents, tree.depths, tree.mask, tree.tokens, tree.depth,
+                                 spec.relaxation, neighbors)
+    else:
+        walk = walk_tree(target, tree.children, tree.tokens, tree.depth, uniforms, tree.log_q, greedy,
+                         spec.relaxation, neighbors)
     return Verification(walk, hidden)
 
 

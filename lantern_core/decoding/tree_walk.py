@@ -33,17 +33,10 @@ def greedy_children(scores: torch.Tensor, child_tokens: torch.Tensor, valid: tor
     logits; child_tokens, valid (B, m). Returns (index or -1 (B,), absorbed mass (B,))."""
     B, m = child_tokens.shape
     x = child_tokens.clamp(min=0)
+    passes, absorbed = relaxed_greedy_passes(scores[:, None].expand(B, m, -1).reshape(B * m, -1), x.reshape(-1),
+                                             rule, neighbors)
+    passes, absorbed = passes.view(B, m) & valid, absorbed.view(B, m)
     best = scores.argmax(-1)  # (B,)
-    passes = x == best[:, None]
-    absorbed = torch.zeros(B, m, device=scores.device)
-    if rule is not None and rule.k > 0:
-        probs = scores.float().softmax(-1)
-        flat = probs[:, None].expand(B, m, -1).reshape(B * m, -1)  # (B*m, V)
-        mass = relax(flat, x.reshape(-1), neighbors, rule)
-        raised = flat.scatter(1, x.reshape(-1, 1), mass.probability[:, None])
-        passes = passes | (raised.argmax(-1).view(B, m) == x)
-        absorbed = mass.absorbed.view(B, m)
-    passes = passes & valid
     first = torch.where(passes.any(-1), passes.float().argmax(-1), torch.full_like(best, -1))
     return first, absorbed.gather(1, first.clamp(min=0)[:, None])[:, 0] * (first >= 0)
 
@@ -98,3 +91,60 @@ def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.T
         bonus = sample_from_probs(residual, uniforms[:, -1, -1])
     accepted = (path >= 0).sum(-1) - 1
     return WalkResult(path, accepted, bonus, absorbed)
+
+
+def relaxed_greedy_passes(scores: torch.Tensor, tokens: torch.Tensor, rule: Relaxation | None,
+                          neighbors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """LANTERN's greedy test for each of M candidates at once: scores (M, V) CFG-combined logits at the
+    candidate's parent, tokens (M,). A candidate passes iff it is the argmax of the target with its own
+    probability raised to p~(x) (nothing zeroed). Returns (passes (M,) bool, the mass it absorbed (M,): zero
+    where the token is the argmax anyway and needed none)."""
+    exact = tokens == scores.argmax(-1)
+    absorbed = torch.zeros(tokens.shape, device=scores.device)
+    if rule is None or rule.k == 0:
+        return exact, absorbed
+    probs = scores.float().softmax(-1)
+    mass = relax(probs, tokens, neighbors, rule)
+    raised = probs.scatter(1, tokens[:, None], mass.probability[:, None])
+    relaxed = ~exact & (raised.argmax(-1) == tokens)  # passes only thanks to the absorbed mass
+    return exact | relaxed, torch.where(relaxed, mass.absorbed, absorbed)
+
+
+def walk_longest_path(target: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, mask: torch.Tensor,
+                      node_tokens: torch.Tensor, depth: int, rule: Relaxation | None,
+                      neighbors: torch.Tensor | None) -> WalkResult:
+    """Greedy verification of dynamic (EAGLE-2) trees as LANTERN's released code chooses among passing
+    siblings: every node is tested against its parent's target (`relaxed_greedy_passes`), each root-to-leaf
+    path accepts its longest passing prefix, and the path that accepts most wins, ties going to the leaf
+    created first (the order of its retrieve rows), so a shallower leaf can beat a deeper sibling's branch.
+    target (G, n+1, V) CFG-combined logits; parents, depths (G, n+1) (root parent -1); mask (G, n+1, n+1)
+    ancestor-or-self; node_tokens (G, n+1). Fixed-trip tensor code, no host read."""
+    G, n1, V = target.shape
+    device = target.device
+    gi = torch.arange(G, device=device)[:, None]
+    parent = parents.clamp(min=0)  # (G, n+1)
+    passes, absorbed = relaxed_greedy_passes(target[gi, parent].reshape(G * n1, V), node_tokens.reshape(-1), rule,
+                                             neighbors)
+    passes, absorbed = passes.view(G, n1), absorbed.view(G, n1)
+    passes[:, 0] = True  # the root is the last accepted token
+    ok = passes.clone()
+    for _ in range(depth):  # ok = the node and all its ancestors pass (parents precede children)
+        ok = passes & ok.gather(1, parent)
+    ok[:, 0] = True
+    node_ids = torch.arange(n1, device=device)
+    is_leaf = ~(parents[:, :, None] == node_ids).any(1)  # (G, n+1): no node names it as parent
+    is_leaf[:, 0] = n1 == 1
+    reach = torch.where(mask & ok[:, None, :], depths[:, None, :], torch.full_like(mask, -1, dtype=torch.long))
+    accepted_by_leaf = reach.max(-1).values  # (G, n+1) longest passing prefix of each node's path
+    score = torch.where(is_leaf, accepted_by_leaf * (n1 + 1) + (n1 - node_ids), torch.full_like(accepted_by_leaf, -1))
+    best = score.argmax(-1)  # (G,) the winning leaf
+    on_best = mask[gi[:, 0], best] & ok  # (G, n+1) accepted ancestors-or-self of the winning leaf
+    end = torch.where(on_best, depths, torch.full_like(depths, -1)).argmax(-1)  # (G,) deepest accepted node
+    accepted = depths.gather(1, end[:, None])[:, 0]
+    steps = torch.arange(depth + 1, device=device)
+    at_depth = on_best[:, None, :] & (depths[:, None, :] == steps[None, :, None])  # (G, depth+1, n+1)
+    path = torch.where(at_depth.any(-1), at_depth.float().argmax(-1), torch.full((G, depth + 1), -1, device=device))
+    taken = path[:, 1:].clamp(min=0)
+    mass = torch.where(path[:, 1:] >= 0, absorbed.gather(1, taken), torch.zeros_like(absorbed[:, :depth]))
+    bonus = target[gi[:, 0], end].argmax(-1)
+    return WalkResult(path, accepted, bonus, mass.float())
