@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -54,14 +55,28 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--decoding", default="ar", choices=["ar", "sjd", "sjd_coupled"],
                    help="ar, or training-free speculative Jacobi decoding (exact: same distribution as ar)")
     g.add_argument("--window", default="auto", help="sjd: drafted tokens per forward, or auto (this machine's best)")
+    g.add_argument("--recalibrate", action="store_true",
+                   help="measure the auto window again (choices are kept in the user cache folder, "
+                        "~/.cache/lantern/auto_choices.json, and reused while the machine, model and settings match)")
     g.add_argument("--compile", default="auto", choices=list(COMPILE_CHOICES),
                    help="auto replays each decoding step (ar) or iteration (sjd) from a captured CUDA graph on a "
                         "GPU (eager on CPU/MPS; the same tokens); off: always eager")
     return parser
 
 
+def user_cache_dir() -> Path:
+    """The user's cache folder for lantern (XDG_CACHE_HOME, else ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lantern"
+
+
 def run_generate(args: argparse.Namespace) -> dict:
+    from .decoding import auto_store
     from .loading.checkpoints import load_gpt, load_vq
+
+    auto_store.use_store(user_cache_dir() / "auto_choices.json")
+    if args.recalibrate:
+        auto_store.forget_all()
 
     dtype = DTYPES[args.dtype]
     device = torch.device(args.device)

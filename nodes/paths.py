@@ -20,6 +20,7 @@ FOLDERS = {
     "lantern_drafters": "lantern/drafters",
 }
 NEIGHBOR_CACHE = "lantern/neighbors"  # under models/: latent-neighbour tables, built on first use
+AUTO_STORE = "lantern/auto_choices.json"  # under models/: `auto` trees and windows measured on this machine
 WEIGHT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin", ".ckpt"}
 EMBEDDED = EMBEDDED_NAME
 NONE = "none"
@@ -89,6 +90,11 @@ def list_drafters() -> list[str]:
 
 def neighbor_cache_dir() -> Path:
     return Path(folder_paths.models_dir) / NEIGHBOR_CACHE
+
+
+def auto_store_path() -> Path:
+    """Where the `auto` tree and window choices are kept across restarts (delete it to measure again)."""
+    return Path(folder_paths.models_dir) / AUTO_STORE
 
 
 def resolve(name: str, choice: str) -> Path:

@@ -7,6 +7,7 @@ from comfy_api.latest import io
 
 from ..lantern_core.conditioning import Condition
 from ..lantern_core.config import SamplingConfig
+from ..lantern_core.decoding import auto_store
 from ..lantern_core.decoding.generate import GenerationResult, estimate_run_bytes, generate
 from ..lantern_core.images import to_unit_range
 from ..lantern_core.layout import image_codes
@@ -146,6 +147,7 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
                            f"sampler runs '{model.name}' ({model.dtype}): connect the same model to "
                            "Lantern: Load Drafter")
     condition, descriptions = expand(cond, batch_size)
+    auto_store.use_store(paths.auto_store_path())  # `auto` choices survive a restart
     neighbors = _neighbors(model, decoding) if speculative else None
     with runtime.run_scope():
         previews = runtime.previews_enabled()

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..conditioning import Condition, build_prefix
+from . import auto_store
 from ..config import SamplingConfig
 from ..errors import ConfigError
 from .ar_step import slots_for
@@ -255,6 +256,16 @@ def _auto_window(model: ImageTransformer, condition: Condition, sampling: Sampli
     weight = model.tok_embeddings.weight
     key = (_auto_key(sampling, config, weight.device, weight.dtype), batch)
     cached = _WINDOWS.setdefault(weights_digest(model), {})
+    stored_key = auto_store.entry_key("window", weights_digest(model), auto_store.device_name(weight.device),
+                                      str(weight.dtype), _auto_key(sampling, config, "-", "-"), batch)
+    if key not in cached:  # an earlier process may have measured it (`auto_store.py`)
+        stored = auto_store.recall(stored_key)
+        try:
+            if stored is not None:
+                cached[key] = WindowChoice(int(stored["window"]), float(stored["tokens_per_s"]),
+                                           float(stored["ar_tokens_per_s"]))
+        except (KeyError, TypeError, ValueError):
+            pass  # measured again below
     if key not in cached:
         scratch = RunTally(weight.device)
         N = model.config.num_image_tokens
@@ -264,4 +275,8 @@ def _auto_window(model: ImageTransformer, condition: Condition, sampling: Sampli
                       torch.ones(1, N, dtype=torch.int32, device=weight.device), scratch, lambda done: None)
         costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1), config.max_window + 1)
         cached[key] = choose_window(scratch.histogram, costs, config.max_window)
+        choice = cached[key]
+        auto_store.remember(stored_key, {"window": choice.window, "tokens_per_s": choice.tokens_per_s,
+                                         "ar_tokens_per_s": choice.ar_tokens_per_s},
+                            f"jacobi window for {type(model).__name__} at batch {batch}")
     return cached[key]

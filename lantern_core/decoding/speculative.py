@@ -17,6 +17,7 @@ or load files.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 import weakref
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,7 @@ from typing import Literal
 import torch
 
 from ..conditioning import Condition, build_prefix
+from . import auto_store
 from ..config import SamplingConfig
 from .ar_step import slots_for
 from .drafting import DynamicShape, StaticPlan, plan_static_tree, prefix_inputs
@@ -39,6 +41,8 @@ from .step_graphs import RunLayout, StepRunner, layout_for, runner
 from .tree import NAIVE_EXTEND_57, TreeSpec
 from .tree_select import CostCurve, choose_subtree, measure_costs, node_rates, tree_rate
 from .tree_step import TreeContext, TreeShape, TreeState, band_windows, draw_iteration_noise, tree_iteration, tree_windows
+
+log = logging.getLogger("lantern_core.speculative")
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,38 @@ def _auto_key(sampling: SamplingConfig, spec: SpeculativeConfig) -> tuple:
 def _auto_choice(model: ImageTransformer, drafter: EagleDrafter, sampling: SamplingConfig,
                  spec: SpeculativeConfig, batch: int) -> tuple[TreeSpec, str] | None:
     return _AUTO_CHOICES.get(_pair(model, drafter), {}).get((_auto_key(sampling, spec), batch))
+
+
+def _stored_key(model: ImageTransformer, drafter: EagleDrafter, sampling: SamplingConfig, spec: SpeculativeConfig,
+                batch: int) -> str:
+    weight = model.tok_embeddings.weight
+    return auto_store.entry_key("tree", weights_digest(model), weights_digest(drafter),
+                                auto_store.device_name(weight.device), str(weight.dtype), _auto_key(sampling, spec), batch)
+
+
+def _auto_tree(model: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
+               spec: SpeculativeConfig, neighbors: torch.Tensor | None, compile: str) -> tuple[TreeSpec, str, str]:
+    """The `auto` tree for this batch size: remembered in this process, else kept in the store by an earlier
+    process (`auto_store.py`), else calibrated now (and stored). Returns (tree, note, where it came from)."""
+    B = condition.batch
+    cached = _auto_choice(model, drafter, sampling, spec, B)
+    if cached is not None:
+        return (*cached, "")
+    key = _stored_key(model, drafter, sampling, spec, B)
+    stored = auto_store.recall(key)
+    if stored is not None:
+        try:
+            chosen = (TreeSpec(str(stored["name"]), tuple(tuple(p) for p in stored["paths"])), str(stored["note"]))
+        except (KeyError, TypeError, ValueError, ConfigError) as exc:
+            log.warning("ignoring a stored auto tree (%s); measuring again", exc)
+        else:
+            if set(chosen[0].paths) <= set(spec.static_tree.paths):
+                _AUTO_CHOICES.setdefault(_pair(model, drafter), {})[(_auto_key(sampling, spec), B)] = chosen
+                return (*chosen, "; measured in an earlier run")
+    chosen, note = _calibrate(model, drafter, condition.row(0), sampling, spec, neighbors, compile, B)
+    auto_store.remember(key, {"name": chosen.name, "paths": [list(p) for p in chosen.paths], "note": note},
+                        f"tree for {type(model).__name__} at batch {B}")
+    return chosen, note, "; calibrated in this run"
 
 
 def _pair(model: ImageTransformer, drafter: EagleDrafter) -> tuple:
@@ -427,12 +463,8 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
     if spec.tree != "dynamic":
         chosen = None
         if spec.tree == "auto":
-            cached = _auto_choice(model, drafter, sampling, spec, B)
-            fresh = cached is None
-            if fresh:  # calibrate once per drafter, sampling setting and batch size, on a scratch batch
-                cached = _calibrate(model, drafter, condition.row(0), sampling, spec, neighbors, compile, B)
-            chosen, note = cached
-            tree_name = f"{chosen.name} (auto, of {spec.static_tree.name}{'; calibrated in this run' if fresh else ''}; {note})"
+            chosen, note, origin = _auto_tree(model, drafter, condition, sampling, spec, neighbors, compile)
+            tree_name = f"{chosen.name} (auto, of {spec.static_tree.name}{origin}; {note})"
         plan = plan_static_tree(chosen or spec.static_tree, device)
         tally.by_node = torch.zeros(plan.spec.num_nodes + 1, dtype=torch.long, device=device)
 
