@@ -1,8 +1,11 @@
 """Command line: `python -m lantern_core generate ...` writes PNGs and prints stats.
 
-Works with the embedded default (no arguments) and with real LlamaGen checkpoints given by path
-(`--gpt c2i_B_256.pt --vq vq_ds16_c2i.pt`, or a t2i model plus `--t5 folder --prompt ...`).
-Devices and dtypes are chosen here, by the user, never inside the library.
+Works with the embedded default (no arguments), with real LlamaGen checkpoints given by path
+(`--gpt c2i_B_256.pt --vq vq_ds16_c2i.pt`, or a t2i model plus `--t5 folder --prompt ...`) and with the
+prompted families' folders (`--model Anole-7b-v0.1-hf --prompt ...`: Anole, Lumina-mGPT, Janus-Pro), in
+every decoding mode the nodes offer, validated by the same code (`decoding/modes.py`) with the same
+messages; `--json` prints the stats the sampler node shows (`decoding/report.py`). Devices and dtypes are
+chosen here, by the user, never inside the library.
 """
 from __future__ import annotations
 
@@ -11,14 +14,18 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .conditioning import Condition
 from .config import SamplingConfig
-from .loading.embedded import EMBEDDED_GPT, EMBEDDED_VQ, Pipeline
-from .errors import LanternError
+from .decoding.drafting import DynamicShape
+from .decoding.jacobi import INITS
+from .decoding.modes import MODES, SJD_RELAXATIONS, TREES, JacobiWidgets, ModeSpec, build_mode
+from .loading.embedded import EMBEDDED_DRAFTER, EMBEDDED_GPT, EMBEDDED_VQ, Pipeline
+from .errors import ConfigError, LanternError, check_choice
 from .decoding.generate import generate
 from .images import save_png, to_unit_range
 from .decoding.sampling import make_generators
@@ -52,9 +59,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     g.add_argument("--out", type=Path, default=Path("outputs"), help="folder for the PNGs")
     g.add_argument("--json", action="store_true", help="print stats as JSON")
-    g.add_argument("--decoding", default="ar", choices=["ar", "sjd", "sjd_coupled"],
-                   help="ar, or training-free speculative Jacobi decoding (exact: same distribution as ar)")
-    g.add_argument("--window", default="auto", help="sjd: drafted tokens per forward, or auto (this machine's best)")
+    g.add_argument("--model", type=Path, default=None,
+                   help="a prompted family's folder (Anole / Chameleon, Lumina-mGPT, Janus-Pro) instead of --gpt")
+    g.add_argument("--vqgan", type=Path, default=None, help="Chameleon VQGAN file (default: the one in --model)")
+    g.add_argument("--decoding", default="ar", help="; ".join(f"{k}: {v}" for k, v in MODES.items()))
+    g.add_argument("--drafter", type=Path, default=None,
+                   help="drafter folder or file for eagle2 / static_tree / lantern / lantern_pp (default: the "
+                        "embedded drafter with the embedded GPT)")
+    g.add_argument("--tree", default="auto", help=f"static tree for static_tree / lantern_pp: {', '.join(TREES)}")
+    g.add_argument("--chain-length", type=int, default=4, help="drafted tokens when --tree chain")
+    g.add_argument("--custom-tree", default="[[0], [1], [0, 0], [0, 0, 0]]",
+                   help="--tree custom: JSON list of nodes as child ranks from the root")
+    g.add_argument("--k", type=int, default=1000, dest="lantern_k",
+                   help="lantern / lantern_pp / sjd_relaxed: latent neighbours per token (lantern_k)")
+    g.add_argument("--delta", type=float, default=0.1, help="lantern: total-variation budget per token")
+    g.add_argument("--lambda", type=float, default=5.0, dest="lam", help="lantern_pp: multiplicative bound")
+    g.add_argument("--eagle-depth", type=int, default=5)
+    g.add_argument("--eagle-top-k", type=int, default=10)
+    g.add_argument("--eagle-nodes", type=int, default=58)
+    g.add_argument("--window", default="auto", help="sjd modes: drafted tokens per forward, or auto (this "
+                                                     "machine's best; 0 means auto too)")
+    g.add_argument("--init", default="sample_left", help=f"sjd modes: window initialisation, one of {list(INITS)}")
+    g.add_argument("--sjd-relaxation", default="lantern_pp", help=f"sjd_relaxed: one of {list(SJD_RELAXATIONS)}")
+    g.add_argument("--gsd-gap", type=float, default=0.15, help="sjd_relaxed with gsd: group probability gap")
     g.add_argument("--recalibrate", action="store_true",
                    help="measure the auto window again (choices are kept in the user cache folder, "
                         "~/.cache/lantern/auto_choices.json, and reused while the machine, model and settings match)")
@@ -70,16 +97,52 @@ def user_cache_dir() -> Path:
     return Path(base) / "lantern"
 
 
-def run_generate(args: argparse.Namespace) -> dict:
-    from .decoding import auto_store
+def parse_window(text: str) -> int:
+    """--window: an integer (0 = auto) or 'auto'; anything else names the parameter as the node does."""
+    if text == "auto":
+        return 0
+    if text.isdigit():
+        return int(text)
+    raise ConfigError("jacobi window", "an integer in 1..256 or 'auto'", text)
+
+
+def build_cli_mode(args: argparse.Namespace, vocab: int, has_drafter: bool) -> ModeSpec:
+    jacobi = JacobiWidgets(parse_window(args.window), args.init, args.sjd_relaxation, args.gsd_gap)
+    eagle = DynamicShape(args.eagle_depth, args.eagle_top_k, args.eagle_nodes)
+    return build_mode(args.decoding, args.tree, args.chain_length, args.custom_tree, args.lantern_k, args.delta,
+                      args.lam, eagle, jacobi, vocab=vocab, has_drafter=has_drafter)
+
+
+@dataclass
+class CliModel:
+    """What the command line decodes with: the target, its VQ decoder, the condition and its description."""
+
+    model: torch.nn.Module
+    config: object
+    vq: torch.nn.Module
+    condition: Condition
+    conditions: list[str]
+    notes: list[str]
+    image_token_ids: torch.Tensor | None = None  # a Chameleon target's vocabulary ids of its image codes
+
+
+def load_target(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> CliModel:
     from .loading.checkpoints import load_gpt, load_vq
 
-    auto_store.use_store(user_cache_dir() / "auto_choices.json")
-    if args.recalibrate:
-        auto_store.forget_all()
+    if args.model is not None:  # a prompted family's folder
+        from .loading.families import load_prompted
 
-    dtype = DTYPES[args.dtype]
-    device = torch.device(args.device)
+        if not args.prompt:
+            raise LanternError("a prompted model draws from prompts: pass at least one --prompt")
+        loaded = load_prompted(args.model, device=device, dtype=dtype, grid_size=args.grid_size, vq_dtype=torch.float32,
+                               vqgan=args.vqgan)
+        if loaded.vq is None:
+            raise LanternError(f"'{args.model}' has no image tokenizer: put Chameleon's vqgan.ckpt in the folder "
+                               "or pass --vqgan FILE")
+        prompts = [p for p in args.prompt for _ in range(args.batch)]
+        image_ids = getattr(getattr(loaded.model, "image", None), "token_ids", None)  # Chameleon code -> token id
+        return CliModel(loaded.model, loaded.config, loaded.vq.to(device), loaded.encoder.encode(prompts, device),
+                        prompts, [f"loaded {loaded.source_format}"], None if image_ids is None else image_ids.cpu())
     gpt = load_gpt(args.gpt, grid_size=args.grid_size, device=device, dtype=dtype, n_head=args.n_head)
     vq_path = args.vq or (EMBEDDED_VQ if Path(args.gpt).resolve() == EMBEDDED_GPT else None)
     if vq_path is None:
@@ -94,31 +157,77 @@ def run_generate(args: argparse.Namespace) -> dict:
         encoder = T5CaptionEncoder(args.t5, device=device, max_tokens=gpt.config.cls_token_num,
                                    dtype=text_encoder_dtype(dtype))
         prompts = [p for p in args.prompt for _ in range(args.batch)]
-        condition = encoder.encode(prompts)
-        labels_text = prompts
-    else:
-        classes = args.cls or ["0"]
-        labels = [pipe.class_index(c) for c in classes for _ in range(args.batch)]
-        condition = Condition.classes(labels, device=device)
-        names = gpt.class_names or []
-        labels_text = [names[i] if i < len(names) else str(i) for i in labels]
+        return CliModel(gpt.model, gpt.config, pipe.vq.model, encoder.encode(prompts), prompts, gpt.notes)
+    classes = args.cls or ["0"]
+    labels = [pipe.class_index(c) for c in classes for _ in range(args.batch)]
+    names = gpt.class_names or []
+    return CliModel(gpt.model, gpt.config, pipe.vq.model, Condition.classes(labels, device=device),
+                    [names[i] if i < len(names) else str(i) for i in labels], gpt.notes)
+
+
+def load_cli_drafter(args: argparse.Namespace, target: CliModel, device: torch.device, dtype: torch.dtype):
+    from .loading.drafter_io import load_drafter
+
+    path = args.drafter
+    if path is None and args.model is None and Path(args.gpt).resolve() == EMBEDDED_GPT:
+        path = EMBEDDED_DRAFTER
+    if path is None:
+        return None, "none"
+    loaded = load_drafter(path, target.config, device=device, dtype=dtype, image_token_ids=target.image_token_ids)
+    return loaded.model, Path(path).name + (" (embedded)" if path == EMBEDDED_DRAFTER else "")
+
+
+def neighbor_table(target: CliModel, k: int, device: torch.device) -> torch.Tensor | None:
+    from .decoding.neighbors import load_or_build_neighbors
+
+    if k == 0:
+        return None
+    codebook = target.vq.quantize.embedding.weight
+    if not 1 <= k < codebook.shape[0]:
+        raise ConfigError("lantern_k", f"an integer in 1..{codebook.shape[0] - 1} (neighbours per token; "
+                          "codebook size - 1)", k)
+    return load_or_build_neighbors(codebook, k, user_cache_dir() / "neighbors").to(device)
+
+
+def run_generate(args: argparse.Namespace) -> dict:
+    from .decoding import auto_store
+    from .decoding.jacobi import jacobi_generate
+    from .decoding.report import stats_payload
+    from .decoding.speculative import speculative_generate
+    from .layout import image_codes
+
+    auto_store.use_store(user_cache_dir() / "auto_choices.json")
+    if args.recalibrate:
+        auto_store.forget_all()
+    dtype = DTYPES[args.dtype]
+    device = torch.device(args.device)
+    check_choice("decoding", args.decoding, MODES)  # before any file is read
+    target = load_target(args, device, dtype)
+    drafter, drafter_name = (None, "none")
+    if args.decoding in ("eagle2", "static_tree", "lantern", "lantern_pp"):
+        drafter, drafter_name = load_cli_drafter(args, target, device, dtype)
+    built = build_cli_mode(args, target.config.vocab_size, drafter is not None)
     sampling = SamplingConfig(cfg_scale=args.cfg, cfg_interval=args.cfg_interval, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p)
-    generators = make_generators(args.seed, condition.batch, device)
-    if args.decoding == "ar":
-        result = generate(gpt.model, condition, sampling, generators, compile=args.compile)
+    generators = make_generators(args.seed, target.condition.batch, device)
+    neighbors = neighbor_table(target, built.neighbor_k, device)
+    if built.spec is None:
+        result = generate(target.model, target.condition, sampling, generators, compile=args.compile)
+    elif built.needs_drafter:
+        result = speculative_generate(target.model, drafter, target.condition, sampling, built.spec, generators,
+                                      neighbors, compile=args.compile)
     else:
-        from .decoding.jacobi import JacobiConfig, jacobi_generate
-
-        window = int(args.window) if args.window.isdigit() else args.window  # a bad value is a ConfigError
-        config = JacobiConfig(window, coupled=args.decoding == "sjd_coupled", init="sample_left")
-        result = jacobi_generate(gpt.model, condition, sampling, config, generators, compile=args.compile)
+        result = jacobi_generate(target.model, target.condition, sampling, built.spec, generators, neighbors,
+                                 compile=args.compile)
     with torch.no_grad():
-        images = to_unit_range(pipe.vq.model.decode(result.tokens))
-    paths = [args.out / f"lantern_{args.seed + i:05d}.png" for i in range(condition.batch)]
+        codes, grid = image_codes(target.config, result.tokens)
+        images = to_unit_range(target.vq.decode(codes.to(device), grid).float())
+    paths = [args.out / f"lantern_{args.seed + i:05d}.png" for i in range(target.condition.batch)]
     save_png(images, paths)
-    return {"images": [str(p) for p in paths], "conditions": labels_text, "stats": result.stats.to_dict(),
-            "summary": result.stats.summary(), "model": str(args.gpt), "notes": gpt.notes}
+    drafter_shown = drafter_name if built.needs_drafter else "none (training-free)"
+    payload = stats_payload(result, args.decoding, built.label, drafter_shown, target.conditions)
+    return {"images": [str(p) for p in paths], "conditions": target.conditions, "stats": payload,
+            "summary": result.stats.summary(), "model": str(args.model or args.gpt), "notes": target.notes}
 
 
 def main(argv: list[str] | None = None) -> int:

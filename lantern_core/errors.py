@@ -34,3 +34,21 @@ class ConfigError(LanternError, ValueError):
         if fix:
             message += f" Fix: {fix}"
         super().__init__(message)
+
+
+def shown(value) -> object:
+    """A value as an error message quotes it: short strings and small values as they are, long strings cut,
+    anything else by its type."""
+    if isinstance(value, str):
+        return value[:80]
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an int too long to print, a structure nested too deep
+        text = ""
+    return value if 0 < len(text) <= 80 else f"a {type(value).__name__}"
+
+
+def check_choice(name: str, value, options) -> None:
+    """A choice given by name (a node's combo sent through /prompt, a command-line value): one of `options`."""
+    if not isinstance(value, str) or value not in options:
+        raise ConfigError(name, f"one of {list(options)}", shown(value), f"choose an entry of the '{name}' list")

@@ -6,7 +6,8 @@ from pathlib import Path
 from comfy_api.latest import io
 
 from . import paths, runtime
-from .types import LanternModelType, shown
+from ..lantern_core.errors import shown
+from .types import LanternModelType
 
 DESCRIPTION = ("Loads a visual autoregressive model (LlamaGen c2i/t2i, Anole / Chameleon, Janus-Pro, or the "
                "embedded default) with its VQ tokenizer and, for LlamaGen text-to-image models, its Flan-T5 text "

@@ -10,7 +10,7 @@ import folder_paths
 
 from ..lantern_core.loading.embedded import EMBEDDED_DRAFTER, EMBEDDED_GPT, EMBEDDED_NAME, EMBEDDED_VQ
 from ..lantern_core.errors import ConfigError, LanternError
-from .types import shown
+from ..lantern_core.errors import shown
 
 # folder name (usable as a key in extra_model_paths.yaml) -> default location under models/
 FOLDERS = {

@@ -23,7 +23,8 @@ from comfy.patcher_extension import CallbacksMP
 from ..lantern_core.decoding import step_graphs
 from ..lantern_core.loading.checkpoints import load_gpt, load_vq
 
-from .types import LanternDrafter, LanternModel, check_choice, target_key
+from ..lantern_core.errors import check_choice
+from .types import LanternDrafter, LanternModel, target_key
 
 log = logging.getLogger("lantern.nodes")
 

@@ -7,7 +7,7 @@ from comfy_api.latest import io
 
 from ..lantern_core.conditioning import Condition
 from ..lantern_core.config import SamplingConfig
-from ..lantern_core.decoding import auto_store
+from ..lantern_core.decoding import auto_store, report
 from ..lantern_core.decoding.generate import GenerationResult, estimate_run_bytes, generate
 from ..lantern_core.images import to_unit_range
 from ..lantern_core.layout import image_codes
@@ -15,7 +15,7 @@ from ..lantern_core.errors import ConfigError, LanternError
 from ..lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
 from ..lantern_core.decoding.neighbors import load_or_build_neighbors
 from ..lantern_core.decoding.sampling import make_generators
-from ..lantern_core.decoding.speculative import SpeculativeStats, speculative_generate
+from ..lantern_core.decoding.speculative import speculative_generate
 
 from . import paths, runtime
 from .types import (LanternCond, LanternCondType, LanternDecoding, LanternDecodingType, LanternModel,
@@ -84,38 +84,11 @@ def _preview_decoder(model: LanternModel, device: torch.device):
 
 
 def stats_payload(result: GenerationResult, decoding: LanternDecoding, descriptions: list[str]) -> dict:
-    s = result.stats
-    payload = {"mode": decoding.mode, "batch": s.batch, "image_tokens": s.image_tokens,
-               "forward_passes": s.forward_passes, "wall_time_s": round(s.wall_time_s, 4),
-               "tokens_per_s": round(s.tokens_per_s, 2), "ms_per_step": round(s.ms_per_step, 3),
-               "mean_accepted_length": round(s.mean_accepted_length, 4), "speculative": decoding.mode != "ar",
-               "conditions": descriptions, "heatmap": result.acceptance_grid(0)}
-    if isinstance(s, SpeculativeStats):
-        payload.update(tree=s.tree or decoding.tree_label,
-                       drafter=decoding.drafter.name if decoding.drafter else "none (training-free)",
-                       acceptance_by_depth=[round(a, 4) for a in s.acceptance_by_depth],
-                       accepted_histogram=s.accepted_histogram, drafter_forwards=s.drafter_forwards,
-                       relaxed_tokens=s.relaxed_tokens, mean_tvd_spent=round(s.mean_absorbed, 5),
-                       max_tvd_spent=round(s.max_absorbed, 5), batch_forwards=s.batch_forwards,
-                       accepted_length_per_image=[p["mean_accepted_length"] for p in s.per_image])
-    payload["heatmap_image"] = 0  # the heat map is image 0's (the first of the batch)
-    return payload
+    drafter = decoding.drafter.name if decoding.drafter else "none (training-free)"
+    return report.stats_payload(result, decoding.mode, decoding.tree_label, drafter, descriptions)
 
 
-def stats_text(payload: dict) -> str:
-    text = (f"{payload['mode']}: {payload['batch']} x {payload['image_tokens']} tokens in "
-            f"{payload['wall_time_s']:.2f} s ({payload['tokens_per_s']:.1f} tok/s), "
-            f"{payload['forward_passes']} forward passes, mean accepted length {payload['mean_accepted_length']:.2f}")
-    if payload.get("speculative"):
-        depth = " ".join(f"{a:.2f}" for a in payload["acceptance_by_depth"])
-        text += f", tree {payload['tree']}, acceptance by depth [{depth}]"
-        if payload["relaxed_tokens"]:
-            text += f", TVD spent mean {payload['mean_tvd_spent']:.3f} max {payload['max_tvd_spent']:.3f}"
-        if payload["batch"] > 1:
-            lengths = " ".join(f"{a:.2f}" for a in payload["accepted_length_per_image"])
-            text += (f", the batch decoded together in {payload['batch_forwards']} forwards, mean accepted length "
-                     f"per image [{lengths}]")
-    return text
+stats_text = report.stats_text
 
 
 def _neighbors(model: LanternModel, decoding: LanternDecoding):

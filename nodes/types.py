@@ -48,24 +48,6 @@ class LanternModel:
         return self.config.grid_size * self.vq.model.config.downsample
 
 
-def shown(value) -> object:
-    """A widget value as an error message quotes it: short strings and small values as they are, long
-    strings cut, anything else by its type."""
-    if isinstance(value, str):
-        return value[:80]
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):  # an int too long to print, a structure nested too deep
-        text = ""
-    return value if 0 < len(text) <= 80 else f"a {type(value).__name__}"
-
-
-def check_choice(name: str, value, options) -> None:
-    """A combo value sent through /prompt (ComfyUI does not check V3 combos): one of the listed strings."""
-    if not isinstance(value, str) or value not in options:
-        raise ConfigError(name, f"one of {list(options)}", shown(value), f"choose an entry of the '{name}' list")
-
-
 def expect_link(name: str, value, kind: type, source: str, optional: bool = False) -> None:
     """A socket input must carry `kind` from the node that makes it: ComfyUI passes a constant sent through
     /prompt in its place unchecked (an optional socket may be left unconnected, None)."""

@@ -1,0 +1,45 @@
+"""What a finished run reports to a person: the stats the sampler node shows (and its web panel draws) and the
+command line prints with --json, built from a `GenerationResult` in one place so both say the same. It does
+not decode or time anything."""
+from __future__ import annotations
+
+from .generate import GenerationResult
+from .speculative import SpeculativeStats
+
+
+def stats_payload(result: GenerationResult, mode: str, tree_label: str, drafter: str, conditions: list[str]) -> dict:
+    """The run's stats as JSON-ready values: speed, forward passes, accepted lengths (per image in a batch),
+    the tree or window used, the relaxation spent and image 0's acceptance heat map. `drafter` names the
+    drafter ("none (training-free)" for the Jacobi modes); `conditions` describes each image."""
+    s = result.stats
+    payload = {"mode": mode, "batch": s.batch, "image_tokens": s.image_tokens,
+               "forward_passes": s.forward_passes, "wall_time_s": round(s.wall_time_s, 4),
+               "tokens_per_s": round(s.tokens_per_s, 2), "ms_per_step": round(s.ms_per_step, 3),
+               "mean_accepted_length": round(s.mean_accepted_length, 4), "speculative": mode != "ar",
+               "conditions": conditions, "heatmap": result.acceptance_grid(0)}
+    if isinstance(s, SpeculativeStats):
+        payload.update(tree=s.tree or tree_label, drafter=drafter,
+                       acceptance_by_depth=[round(a, 4) for a in s.acceptance_by_depth],
+                       accepted_histogram=s.accepted_histogram, drafter_forwards=s.drafter_forwards,
+                       relaxed_tokens=s.relaxed_tokens, mean_tvd_spent=round(s.mean_absorbed, 5),
+                       max_tvd_spent=round(s.max_absorbed, 5), batch_forwards=s.batch_forwards,
+                       accepted_length_per_image=[p["mean_accepted_length"] for p in s.per_image])
+    payload["heatmap_image"] = 0  # the heat map is image 0's (the first of the batch)
+    return payload
+
+
+def stats_text(payload: dict) -> str:
+    """One line of the payload for a person (the node's text output, the command line's summary)."""
+    text = (f"{payload['mode']}: {payload['batch']} x {payload['image_tokens']} tokens in "
+            f"{payload['wall_time_s']:.2f} s ({payload['tokens_per_s']:.1f} tok/s), "
+            f"{payload['forward_passes']} forward passes, mean accepted length {payload['mean_accepted_length']:.2f}")
+    if payload.get("speculative"):
+        depth = " ".join(f"{a:.2f}" for a in payload["acceptance_by_depth"])
+        text += f", tree {payload['tree']}, acceptance by depth [{depth}]"
+        if payload["relaxed_tokens"]:
+            text += f", TVD spent mean {payload['mean_tvd_spent']:.3f} max {payload['max_tvd_spent']:.3f}"
+        if payload["batch"] > 1:
+            lengths = " ".join(f"{a:.2f}" for a in payload["accepted_length_per_image"])
+            text += (f", the batch decoded together in {payload['batch_forwards']} forwards, mean accepted length "
+                     f"per image [{lengths}]")
+    return text

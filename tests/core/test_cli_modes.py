@@ -1,0 +1,108 @@
+"""The command line at parity with the nodes: every decoding mode, drafters, trees, relaxation and the Jacobi
+settings, the prompted families from their folders, the node's stats with --json, and the same refusals
+with the same messages (both call `decoding/modes.py`)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lantern_core import cli
+from lantern_core.decoding import auto_store
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_STATS = {"mode", "batch", "image_tokens", "forward_passes", "tokens_per_s", "mean_accepted_length", "heatmap",
+              "heatmap_image", "speculative", "conditions"}
+SPECULATIVE_STATS = {"tree", "drafter", "acceptance_by_depth", "accepted_histogram", "relaxed_tokens",
+                     "mean_tvd_spent", "max_tvd_spent", "batch_forwards", "accepted_length_per_image"}
+FAST = ["--tree", "mc_sim_7b_63", "--eagle-depth", "4", "--eagle-top-k", "4", "--eagle-nodes", "12", "--window", "8",
+        "--k", "8"]
+
+
+def run_cli(tmp_path: Path, *args: str, out: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))  # the auto store and neighbour tables
+    return subprocess.run([sys.executable, "-m", "lantern_core", "generate", "--seed", "5", "--out",
+                           str(tmp_path / out), "--json", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_every_mode_from_the_command_line(tmp_path):
+    """Greedy exact modes give AR's image byte for byte; relaxed modes run and report the node's stats."""
+    ar = run_cli(tmp_path, "--cls", "cat", "--temperature", "0", out="ar")
+    assert ar.returncode == 0, ar.stderr
+    reference = (tmp_path / "ar" / "lantern_00005.png").read_bytes()
+    for mode in ("eagle2", "static_tree", "sjd", "sjd_coupled"):
+        done = run_cli(tmp_path, "--cls", "cat", "--temperature", "0", "--decoding", mode, *FAST, out=mode)
+        assert done.returncode == 0, (mode, done.stderr[-2000:])
+        assert (tmp_path / mode / "lantern_00005.png").read_bytes() == reference, mode
+        stats = json.loads(done.stdout)["stats"]
+        assert NODE_STATS | SPECULATIVE_STATS <= set(stats) and stats["mode"] == mode
+        assert stats["forward_passes"] < 256
+        assert stats["drafter"] == ("none (training-free)" if mode.startswith("sjd") else "drafter (embedded)")
+    for mode, extra in (("lantern", ["--delta", "0.3"]), ("lantern_pp", ["--lambda", "4"]),
+                        ("sjd_relaxed", ["--sjd-relaxation", "gsd", "--gsd-gap", "0.2", "--init", "repeat_above"])):
+        done = run_cli(tmp_path, "--cls", "cat", "--cls", "rocket", "--decoding", mode, *FAST, *extra, out=mode)
+        assert done.returncode == 0, (mode, done.stderr[-2000:])
+        stats = json.loads(done.stdout)["stats"]
+        assert stats["batch"] == 2 and len(stats["accepted_length_per_image"]) == 2 and stats["relaxed_tokens"] > 0
+        assert stats["conditions"] == ["cat", "rocket"]
+    gsd = json.loads(done.stdout)["stats"]
+    assert "gsd group k8 gap 0.2" in gsd["tree"] and "repeat-above init" in gsd["tree"]
+
+
+@pytest.fixture
+def in_process_cli(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    yield lambda *args: cli.main(["generate", "--out", str(tmp_path / "out"), *args])
+    auto_store.use_store(None)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--decoding", "lantern_pp", "--tree", "custom", "--custom-tree", "[[0], [0, 0"], "custom_tree"),
+    (["--decoding", "lantern_pp", "--tree", "custom", "--custom-tree", "[[0, 0]]"], "parent"),
+    (["--decoding", "lantern", "--k", "5000"], "lantern_k"),
+    (["--decoding", "sjd", "--init", "sideways"], "jacobi_init"),
+    (["--decoding", "sjd_relaxed", "--sjd-relaxation", "loose"], "sjd_relaxation"),
+    (["--decoding", "sjd_relaxed", "--sjd-relaxation", "gsd", "--gsd-gap", "2.0"], "group gap"),
+    (["--decoding", "static_tree", "--tree", "wide"], "tree"),
+    (["--decoding", "turbo"], "decoding"),
+])
+def test_the_command_line_refuses_what_the_node_refuses(in_process_cli, capsys, args, fragment):
+    assert in_process_cli(*args) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "expected" in err and "Traceback" not in err
+
+
+def test_a_drafter_mode_without_a_drafter_says_how_to_give_one(in_process_cli, capsys, tmp_path):
+    from lantern_core.loading.embedded import EMBEDDED_GPT, EMBEDDED_VQ
+
+    gpt = tmp_path / "gpt.safetensors"
+    gpt.write_bytes(EMBEDDED_GPT.read_bytes())  # the same weights, not the embedded path: no default drafter
+    assert in_process_cli("--gpt", str(gpt), "--vq", str(EMBEDDED_VQ), "--decoding", "eagle2") == 2
+    assert "--drafter" in capsys.readouterr().err
+
+
+def test_prompted_families_from_their_folders(tmp_path):
+    from tests.tiny_families import save_chameleon_folder, save_chameleon_vqgan, save_janus_folder
+
+    anole, janus = tmp_path / "anole", tmp_path / "janus"
+    save_chameleon_folder(anole, seed=5)
+    save_chameleon_vqgan(anole / "vqgan.ckpt")
+    save_janus_folder(janus, seed=6, grid=4)
+    prompts = ["--prompt", "a red cat", "--prompt", "a photo of the blue sky"]
+    for name, folder, extra in (("anole", anole, ["--grid-size", "4"]), ("janus", janus, [])):
+        ar = run_cli(tmp_path, "--model", str(folder), *prompts, *extra, "--temperature", "0", out=f"{name}_ar")
+        sjd = run_cli(tmp_path, "--model", str(folder), *prompts, *extra, "--temperature", "0", "--decoding",
+                      "sjd_coupled", "--window", "4", out=f"{name}_sjd")
+        assert ar.returncode == 0 and sjd.returncode == 0, (name, ar.stderr[-2000:], sjd.stderr[-2000:])
+        for i in (5, 6):
+            assert (tmp_path / f"{name}_sjd" / f"lantern_{i:05d}.png").read_bytes() == \
+                (tmp_path / f"{name}_ar" / f"lantern_{i:05d}.png").read_bytes(), name
+        stats = json.loads(sjd.stdout)["stats"]
+        assert stats["conditions"] == ["a red cat", "a photo of the blue sky"] and stats["mode"] == "sjd_coupled"
+    missing = run_cli(tmp_path, "--model", str(janus), out="none")
+    assert missing.returncode == 2 and "--prompt" in missing.stderr
