@@ -23,7 +23,7 @@ from .conditioning import Condition
 from .config import SamplingConfig
 from .decoding.drafting import DynamicShape
 from .decoding.jacobi import INITS
-from .decoding.modes import MODES, SJD_RELAXATIONS, TREES, JacobiWidgets, ModeSpec, build_mode
+from .decoding.modes import MODES, SJD_RELAXATIONS, TREES, JacobiWidgets, ModeSettings, build_mode
 from .loading.embedded import EMBEDDED_DRAFTER, EMBEDDED_GPT, EMBEDDED_VQ, Pipeline
 from .errors import ConfigError, LanternError, check_choice
 from .decoding.generate import generate
@@ -106,11 +106,12 @@ def parse_window(text: str) -> int:
     raise ConfigError("jacobi window", "an integer in 1..256 or 'auto'", text)
 
 
-def build_cli_mode(args: argparse.Namespace, vocab: int, has_drafter: bool) -> ModeSpec:
-    jacobi = JacobiWidgets(parse_window(args.window), args.init, args.sjd_relaxation, args.gsd_gap)
-    eagle = DynamicShape(args.eagle_depth, args.eagle_top_k, args.eagle_nodes)
-    return build_mode(args.decoding, args.tree, args.chain_length, args.custom_tree, args.lantern_k, args.delta,
-                      args.lam, eagle, jacobi, vocab=vocab, has_drafter=has_drafter)
+def cli_settings(args: argparse.Namespace) -> ModeSettings:
+    """The decoding options as the node's settings (checked here, before any file is read)."""
+    check_choice("decoding", args.decoding, MODES)
+    return ModeSettings(args.decoding, args.tree, args.chain_length, args.custom_tree, args.lantern_k, args.delta,
+                        args.lam, DynamicShape(args.eagle_depth, args.eagle_top_k, args.eagle_nodes),
+                        JacobiWidgets(parse_window(args.window), args.init, args.sjd_relaxation, args.gsd_gap))
 
 
 @dataclass
@@ -201,12 +202,12 @@ def run_generate(args: argparse.Namespace) -> dict:
         auto_store.forget_all()
     dtype = DTYPES[args.dtype]
     device = torch.device(args.device)
-    check_choice("decoding", args.decoding, MODES)  # before any file is read
+    settings = cli_settings(args)
     target = load_target(args, device, dtype)
     drafter, drafter_name = (None, "none")
     if args.decoding in ("eagle2", "static_tree", "lantern", "lantern_pp"):
         drafter, drafter_name = load_cli_drafter(args, target, device, dtype)
-    built = build_cli_mode(args, target.config.vocab_size, drafter is not None)
+    built = build_mode(settings, vocab=target.config.vocab_size, has_drafter=drafter is not None)
     sampling = SamplingConfig(cfg_scale=args.cfg, cfg_interval=args.cfg_interval, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p)
     generators = make_generators(args.seed, target.condition.batch, device)

@@ -8,23 +8,22 @@ from comfy_api.latest import io
 
 from ..lantern_core.decoding.drafting import DynamicShape
 from ..lantern_core.decoding.jacobi import INITS
-from ..lantern_core.decoding.modes import MODES, SJD_RELAXATIONS, TREES, JacobiWidgets, build_mode
+from ..lantern_core.decoding.modes import MODES, SJD_RELAXATIONS, TREES, JacobiWidgets, ModeSettings, build_mode
 from ..lantern_core.decoding.step_graphs import COMPILE_CHOICES
 from ..lantern_core.errors import check_choice
 from .types import LanternDecoding, LanternDecodingType, LanternDrafter, LanternDrafterType, expect_link
 
 
-def build_decoding(mode: str, drafter, tree: str, chain_length: int, custom_tree: str, lantern_k: int,
-                   delta: float, lam: float, eagle: DynamicShape, jacobi: JacobiWidgets = JacobiWidgets()
-                   ) -> LanternDecoding:
+def build_decoding(settings: ModeSettings, drafter) -> LanternDecoding:
     """Widget values -> LanternDecoding (validated by `modes.build_mode`; raises LanternError naming the
     parameter)."""
     expect_link("drafter", drafter, LanternDrafter, "Lantern: Load Drafter", optional=True)
-    built = build_mode(mode, tree, chain_length, custom_tree, lantern_k, delta, lam, eagle, jacobi,
-                       vocab=None if drafter is None else drafter.config.vocab_size, has_drafter=drafter is not None)
+    built = build_mode(settings, vocab=None if drafter is None else drafter.config.vocab_size,
+                       has_drafter=drafter is not None)
     if built.spec is None:
         return LanternDecoding("ar")
-    return LanternDecoding(mode, drafter if built.needs_drafter else None, built.spec, built.label)
+    return LanternDecoding(settings.mode, drafter if built.needs_drafter else None, built.spec, built.label)
+
 
 class LanternDecodingConfig(io.ComfyNode):
     @classmethod
@@ -103,8 +102,9 @@ class LanternDecodingConfig(io.ComfyNode):
                 lam: float, eagle_depth: int, eagle_top_k: int, eagle_nodes: int, jacobi_window: int = 0,
                 jacobi_init: str = "sample_left", sjd_relaxation: str = "lantern_pp", gsd_gap: float = 0.15,
                 compile: str = "auto", drafter=None) -> io.NodeOutput:
-        eagle = DynamicShape(eagle_depth, eagle_top_k, eagle_nodes)
-        jacobi = JacobiWidgets(jacobi_window, jacobi_init, sjd_relaxation, gsd_gap)
         check_choice("compile", compile, COMPILE_CHOICES)
-        decoding = build_decoding(mode, drafter, tree, chain_length, custom_tree, lantern_k, delta, lam, eagle, jacobi)
+        settings = ModeSettings(mode, tree, chain_length, custom_tree, lantern_k, delta, lam,
+                                DynamicShape(eagle_depth, eagle_top_k, eagle_nodes),
+                                JacobiWidgets(jacobi_window, jacobi_init, sjd_relaxation, gsd_gap))
+        decoding = build_decoding(settings, drafter)
         return io.NodeOutput(replace(decoding, compile=compile))

@@ -47,8 +47,8 @@ from ..models.gpt import ImageTransformer
 from .relaxation import Grouping, Relaxation
 from .sampling import Generators, generator_for, sample_from_probs
 from ..layout import extend_neighbors
-from .speculative import (BatchProgress, NodeDistributions, RunTally, check_neighbors, progress_tokens, record_images,
-                          retire_finished, weights_digest)
+from .speculative import (BatchProgress, BatchRequest, BatchSink, NodeDistributions, RunTally, check_neighbors,
+                          progress_tokens, record_images, retire_finished, weights_digest)
 from .step_graphs import RunLayout, StepRunner, layout_for, runner
 
 INITS = ("random", "sample_left", "repeat_left", "repeat_above")
@@ -138,19 +138,15 @@ def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: Sam
     if window == "auto":
         choice = _auto_window(model, condition.row(0), sampling, config, neighbors, B)
         window, note = choice.window, f" (auto; {choice.note})"
-    tokens = torch.empty(B, N, dtype=torch.long, device=device)
-    per_cell = torch.ones(B, N, dtype=torch.int32, device=device)
     tally = RunTally(device)
-
-    def report(done: list[int]) -> None:
-        if on_step is not None:
-            on_step(sum(done), B * N, tokens)
-
-    _decode_batch(model, condition, sampling, replace(config, window=window),
-                  [generator_for(generator, i) for i in range(B)], neighbors, tokens, per_cell, tally, report, compile)
+    sink = BatchSink.allocate(B, N, tally)
+    if on_step is not None:
+        sink.report = lambda done: on_step(sum(done), B * N, sink.tokens)
+    request = BatchRequest(condition, sampling, [generator_for(generator, i) for i in range(B)], neighbors, compile)
+    _decode_batch(model, replace(config, window=window), request, sink)
     synchronize(device)
     stats = tally.to_stats(B, N, time.perf_counter() - start, config.describe(window) + note)
-    return GenerationResult(tokens, stats, per_cell)
+    return GenerationResult(sink.tokens, stats, sink.per_cell)
 
 
 def jacobi_runner(model: ImageTransformer, shape: JacobiShape, dist: NodeDistributions,
@@ -168,19 +164,19 @@ def jacobi_runner(model: ImageTransformer, shape: JacobiShape, dist: NodeDistrib
                   model.tok_embeddings.weight.device)
 
 
-def _decode_batch(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
-                  generators: list[torch.Generator | None], neighbors: torch.Tensor | None, out: torch.Tensor,
-                  per_cell: torch.Tensor, tally: RunTally, report, compile: str = "off") -> None:
-    """Decode a batch of G images into `out` (G, N) with an integer window: eager prefill and first tokens,
-    then a loop of `jacobi_iteration`s over all of them (captured on CUDA) until the last is done, reading
-    the tokens done of every image once per iteration."""
+def _decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchRequest, sink: BatchSink) -> None:
+    """Decode a batch of G images into `sink` with an integer window: eager prefill and first tokens, then a
+    loop of `jacobi_iteration`s over all of them (captured on CUDA) until the last is done, reading the tokens
+    done of every image once per iteration."""
+    condition, sampling, generators, neighbors = request.condition, request.sampling, request.generators, request.neighbors
+    out, tally = sink.tokens, sink.tally
     t0 = time.perf_counter()
     N, W = model.config.num_image_tokens, config.window
     dist = NodeDistributions(sampling, sampling.uses_cfg, model.constrain_logits)
     prefix = build_prefix(model, condition, sampling.uses_cfg)
     rows, T = prefix.key_valid.shape
     device = prefix.embeddings.device
-    layout = layout_for(compile, device)
+    layout = layout_for(request.compile, device)
     shape = JacobiShape(rows, slots_for(T, N + W + 1, layout.slot_bucket), N, sampling, config)
     G = shape.images
     step_runner = jacobi_runner(model, shape, dist, neighbors, layout)
@@ -206,7 +202,7 @@ def _decode_batch(model: ImageTransformer, condition: Condition, sampling: Sampl
         tally.batches += 1
         progress = BatchProgress.start(G, N)
         accepted, width = [0] * G, [0] * G
-        report(progress.total)
+        sink.report(progress.total)
         while progress.running:
             before = progress.done
             w = [min(W, N - d) for d in before]  # never draft past the last image token
@@ -217,9 +213,8 @@ def _decode_batch(model: ImageTransformer, condition: Condition, sampling: Sampl
             accepted = [n - d - 1 if d < N else 0 for n, d in zip(progress.done, before)]
             width = w
             progress_tokens(out, state.canvas, state.done, progress.images)
-            report(progress.total)
-            smaller, keep = retire_finished(state, progress, per_cell, tally, sampling.uses_cfg) if layout.exact \
-                else (None, None)
+            sink.report(progress.total)
+            smaller, keep = retire_finished(state, progress, sink, sampling.uses_cfg) if layout.exact else (None, None)
             if smaller is not None:
                 tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
                 state.release()
@@ -229,7 +224,7 @@ def _decode_batch(model: ImageTransformer, condition: Condition, sampling: Sampl
                 generators = [generators[g] for g in keep]
                 accepted, width = [accepted[g] for g in keep], [width[g] for g in keep]
                 progress.keep(keep)
-        record_images(state, progress, list(range(len(progress.images))), per_cell, tally)
+        record_images(state, progress, list(range(len(progress.images))), sink)
         tally.add_totals(state)
     finally:
         tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
@@ -268,11 +263,9 @@ def _auto_window(model: ImageTransformer, condition: Condition, sampling: Sampli
             pass  # measured again below
     if key not in cached:
         scratch = RunTally(weight.device)
-        N = model.config.num_image_tokens
-        _decode_batch(model, condition, sampling, replace(config, window=config.max_window),
-                      [torch.Generator(device=weight.device).manual_seed(0)], neighbors,
-                      torch.empty(1, N, dtype=torch.long, device=weight.device),
-                      torch.ones(1, N, dtype=torch.int32, device=weight.device), scratch, lambda done: None)
+        request = BatchRequest(condition, sampling, [torch.Generator(device=weight.device).manual_seed(0)], neighbors)
+        _decode_batch(model, replace(config, window=config.max_window), request,
+                      BatchSink.allocate(1, model.config.num_image_tokens, scratch))
         costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1), config.max_window + 1)
         cached[key] = choose_window(scratch.histogram, costs, config.max_window)
         choice = cached[key]

@@ -121,29 +121,47 @@ class ModeSpec:
         return 0
 
 
-def build_mode(mode: str, tree: str, chain_length: int, custom_tree: str, lantern_k: int, delta: float, lam: float,
-               eagle: DynamicShape, jacobi: JacobiWidgets = JacobiWidgets(), vocab: int | None = None,
-               has_drafter: bool = True) -> ModeSpec:
+@dataclass(frozen=True)
+class ModeSettings:
+    """What a person chose: the mode and every setting a mode may read (the node's widgets, the command
+    line's options). Every choice and float is checked on creation, whether or not the mode reads it,
+    with errors that name the parameter."""
+
+    mode: str = "ar"
+    tree: str = "auto"
+    chain_length: int = 4
+    custom_tree: str = "[[0], [1], [0, 0], [0, 0, 0]]"
+    lantern_k: int = 1000
+    delta: float = 0.1
+    lam: float = 5.0
+    eagle: DynamicShape = DynamicShape()
+    jacobi: JacobiWidgets = JacobiWidgets()
+
+    def __post_init__(self) -> None:
+        check_widgets(self.mode, self.tree, self.delta, self.lam, self.jacobi)
+
+
+def build_mode(settings: ModeSettings, vocab: int | None = None, has_drafter: bool = True) -> ModeSpec:
     """Settings -> ModeSpec (validated; raises LanternError naming the parameter). `vocab` (the drafter's or
     model's codebook size) bounds lantern_k for the tree modes; `has_drafter` False refuses the modes that
     need one, saying how to give one."""
-    check_widgets(mode, tree, delta, lam, jacobi)
+    mode, lantern_k, eagle = settings.mode, settings.lantern_k, settings.eagle
     if mode == "ar":
         return ModeSpec("ar", None, "ar")
     if mode in JACOBI_MODES:
-        config = build_jacobi(mode, jacobi, lantern_k, delta, lam)
+        config = build_jacobi(mode, settings.jacobi, lantern_k, settings.delta, settings.lam)
         return ModeSpec(mode, config, config.describe())
     if not has_drafter:
         raise LanternError(f"mode '{mode}' needs a drafter: connect Lantern: Load Drafter to 'drafter' "
                            "(command line: --drafter FOLDER; or choose mode 'ar' or an sjd mode)")
-    dynamic = mode in ("eagle2", "lantern")
-    if dynamic:
+    tree = settings.tree
+    if mode in ("eagle2", "lantern"):
         kind, static, label = "dynamic", STATIC_TREES["naive_extend_57"], f"eagle2 d{eagle.depth} k{eagle.top_k} n{eagle.nodes}"
     elif tree == "custom":
-        kind, static = "static", parse_custom_tree(custom_tree)
+        kind, static = "static", parse_custom_tree(settings.custom_tree)
         label = f"custom ({static.num_nodes} nodes)"
     elif tree == "chain":
-        kind, static, label = "static", chain_tree(chain_length), f"chain_{chain_length}"
+        kind, static, label = "static", chain_tree(settings.chain_length), f"chain_{settings.chain_length}"
     elif tree == "auto":
         kind, static, label = "auto", STATIC_TREES["naive_extend_57"], "auto"
     else:
@@ -153,8 +171,8 @@ def build_mode(mode: str, tree: str, chain_length: int, custom_tree: str, lanter
                           lantern_k)
     relaxation = None
     if mode == "lantern":
-        relaxation = Relaxation(k=lantern_k, delta=delta)
+        relaxation = Relaxation(k=lantern_k, delta=settings.delta)
     elif mode == "lantern_pp":
-        relaxation = Relaxation(k=lantern_k, lam=lam)
+        relaxation = Relaxation(k=lantern_k, lam=settings.lam)
     spec = SpeculativeConfig(tree=kind, static_tree=static, dynamic=eagle, relaxation=relaxation)
     return ModeSpec(mode, spec, label)

@@ -21,7 +21,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 
@@ -256,13 +256,11 @@ def _calibrate(model: ImageTransformer, drafter: EagleDrafter, condition: Condit
     N = model.config.num_image_tokens
     scratch_condition = condition.repeated(batch)
     scratch = RunTally(device, by_node=torch.zeros(spec.static_tree.num_nodes + 1, dtype=torch.long, device=device))
-    out = torch.empty(batch, N, dtype=torch.long, device=device)
-    cells = torch.ones(batch, N, dtype=torch.int32, device=device)
     plan = plan_static_tree(spec.static_tree, device)
 
     def decode_base(tally: RunTally) -> None:
-        _decode_batch(model, drafter, scratch_condition, sampling, spec, plan, make_generators(0, batch, device),
-                      neighbors, out, cells, tally, lambda done: None, compile)
+        request = BatchRequest(scratch_condition, sampling, make_generators(0, batch, device), neighbors, compile)
+        _decode_batch(model, drafter, spec, plan, request, BatchSink.allocate(batch, N, tally))
 
     def decode_ar() -> None:
         generate(model, scratch_condition, sampling, make_generators(0, batch, device), compile=compile)
@@ -366,6 +364,36 @@ def progress_tokens(out: torch.Tensor, tokens: torch.Tensor, done: torch.Tensor,
 
 
 @dataclass
+class BatchRequest:
+    """What a batch decode is asked for: the images' condition, the sampling settings, one generator per image,
+    the neighbour table of a relaxed rule (or None) and the compile choice."""
+
+    condition: Condition
+    sampling: SamplingConfig
+    generators: list
+    neighbors: torch.Tensor | None = None
+    compile: str = "off"
+
+
+@dataclass
+class BatchSink:
+    """Where a batch decode writes: tokens (B, N) (-1 past each image's progress while it runs), heat maps
+    (B, N), the run's counters and the progress callback (tokens done per image)."""
+
+    tokens: torch.Tensor
+    per_cell: torch.Tensor
+    tally: RunTally
+    report: Callable[[list[int]], None] = lambda done: None
+
+    @classmethod
+    def allocate(cls, batch: int, N: int, tally: RunTally, report: Callable[[list[int]], None] | None = None
+                 ) -> "BatchSink":
+        device = tally.device
+        return cls(torch.empty(batch, N, dtype=torch.long, device=device),
+                   torch.ones(batch, N, dtype=torch.int32, device=device), tally, report or (lambda done: None))
+
+
+@dataclass
 class BatchProgress:
     """Where a batch loop stands on the host: the run's index of each image still in the state (images that
     are done leave the state on devices that run eagerly), their tokens done, and every image's tokens done."""
@@ -405,20 +433,21 @@ class BatchProgress:
         self.done = [self.done[g] for g in local]
 
 
-def retire_finished(state, progress: BatchProgress, per_cell: torch.Tensor, tally: RunTally, guided: bool):
+def retire_finished(state, progress: BatchProgress, sink: BatchSink, guided: bool):
     """On devices that run eagerly, images that are done leave the batch so they stop costing work: their
     heat maps and counters are recorded, and the state of the others is returned (None when nobody is done
     or everybody is). Kept images are returned as local indices of the old state."""
     finished = progress.finished()
     if not finished or len(finished) == len(progress.done):
         return None, None
-    record_images(state, progress, finished, per_cell, tally)
+    record_images(state, progress, finished, sink)
     keep = [g for g in range(len(progress.done)) if g not in finished]
     return state.select(keep, guided), keep
 
 
-def record_images(state, progress: BatchProgress, local: list[int], per_cell: torch.Tensor, tally: RunTally) -> None:
+def record_images(state, progress: BatchProgress, local: list[int], sink: BatchSink) -> None:
     """Copy the heat maps of images `local` of the state out and fold their counters into the tally."""
+    per_cell, tally = sink.per_cell, sink.tally
     N = per_cell.shape[1]
     index = torch.tensor(local, dtype=torch.long, device=per_cell.device)
     images = [progress.images[g] for g in local]
@@ -454,8 +483,6 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
     N = config.num_image_tokens
     B = condition.batch
     device = model.tok_embeddings.weight.device
-    tokens = torch.empty(B, N, dtype=torch.long, device=device)
-    per_cell = torch.ones(B, N, dtype=torch.int32, device=device)
     tally = RunTally(device)
     tree_name = spec.static_tree.name if spec.tree == "static" else (
         f"eagle2 d{spec.dynamic.depth} k{spec.dynamic.top_k} n{spec.dynamic.nodes}")
@@ -468,15 +495,14 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
         plan = plan_static_tree(chosen or spec.static_tree, device)
         tally.by_node = torch.zeros(plan.spec.num_nodes + 1, dtype=torch.long, device=device)
 
-    def report(done: list[int]) -> None:
-        if on_step is not None:
-            on_step(sum(done), B * N, tokens)
-
-    _decode_batch(model, drafter, condition, sampling, spec, plan, [generator_for(generator, i) for i in range(B)],
-                  neighbors, tokens, per_cell, tally, report, compile)
+    sink = BatchSink.allocate(B, N, tally)
+    if on_step is not None:
+        sink.report = lambda done: on_step(sum(done), B * N, sink.tokens)
+    request = BatchRequest(condition, sampling, [generator_for(generator, i) for i in range(B)], neighbors, compile)
+    _decode_batch(model, drafter, spec, plan, request, sink)
     synchronize(device)
     stats = tally.to_stats(B, N, time.perf_counter() - start, tree_name)
-    return GenerationResult(tokens, stats, per_cell)
+    return GenerationResult(sink.tokens, stats, sink.per_cell)
 
 
 def eager_tree_runner(model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape, plan: StaticPlan | None,
@@ -500,11 +526,13 @@ def tree_runner(model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape
                   model.tok_embeddings.weight.device, also=(drafter,))
 
 
-def _decode_batch(model, drafter, condition, sampling, spec, plan, generators, neighbors,
-                  out: torch.Tensor, per_cell: torch.Tensor, tally: RunTally, report, compile: str = "off") -> None:
+def _decode_batch(model: ImageTransformer, drafter: EagleDrafter, spec: SpeculativeConfig, plan: StaticPlan | None,
+                  request: BatchRequest, sink: BatchSink) -> None:
     """A batch of G images: eager prefill and first tokens, then a loop of `tree_iteration`s over all of them
     (captured on CUDA) until the last image is done, reading the tokens done of every image once per
     iteration."""
+    condition, sampling, generators, neighbors = request.condition, request.sampling, request.generators, request.neighbors
+    out, tally = sink.tokens, sink.tally
     config = model.config
     N = config.num_image_tokens
     guided = sampling.uses_cfg
@@ -513,7 +541,7 @@ def _decode_batch(model, drafter, condition, sampling, spec, plan, generators, n
     prefix = build_prefix(model, condition, guided)
     rows, T = prefix.key_valid.shape
     device = prefix.embeddings.device
-    layout = layout_for(compile, device)
+    layout = layout_for(request.compile, device)
     shape = TreeShape(rows, slots_for(T, N + spec.cache_spare, layout.slot_bucket), N, sampling,
                       spec.dynamic if plan is None else plan.spec, spec.relaxation)
     step_runner = tree_runner(model, drafter, shape, plan, dist, neighbors, layout)
@@ -533,15 +561,15 @@ def _decode_batch(model, drafter, condition, sampling, spec, plan, generators, n
         tally.prefill_s += time.perf_counter() - t0
         tally.batches += 1
         progress = BatchProgress.start(shape.trees, N)
-        report(progress.total)
+        sink.report(progress.total)
         while progress.running:
             draw_iteration_noise(state, generators, progress.active)
             step_runner.run(tree_windows(T + progress.furthest - 1, shape, layout.exact))
             tally.batch_iterations += 1
             progress.update(state.done.tolist())  # the one host read per iteration
             progress_tokens(out, state.tokens, state.done, progress.images)
-            report(progress.total)
-            smaller, keep = retire_finished(state, progress, per_cell, tally, guided) if layout.exact else (None, None)
+            sink.report(progress.total)
+            smaller, keep = retire_finished(state, progress, sink, guided) if layout.exact else (None, None)
             if smaller is not None:
                 tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
                 state.release()
@@ -549,7 +577,7 @@ def _decode_batch(model, drafter, condition, sampling, spec, plan, generators, n
                 step_runner = eager_tree_runner(model, drafter, shape, plan, dist, state)
                 generators = [generators[g] for g in keep]
                 progress.keep(keep)
-        record_images(state, progress, list(range(len(progress.images))), per_cell, tally)
+        record_images(state, progress, list(range(len(progress.images))), sink)
         tally.add_totals(state)
     finally:
         tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
