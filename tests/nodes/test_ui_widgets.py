@@ -1,0 +1,77 @@
+"""Lantern: Decoding Config in a real browser: on the LiteGraph canvas it shows only the widgets the chosen
+mode reads, switching as the mode, tree or relaxed rule changes; the hidden widgets keep their values in the
+saved workflow. The Vue node renderer of frontend 1.32.9 does not follow later visibility changes, so there
+every widget stays shown (checked: none is ever lost)."""
+from __future__ import annotations
+
+import pytest
+
+from test_ui import editor
+
+ALWAYS = ["mode", "compile"]
+LABELS = {"lam": "lambda"}  # widgets shown under another name
+EXPECTED = {  # (mode, tree, sjd_relaxation) -> the widgets shown besides mode and compile
+    ("ar", "auto", "lantern_pp"): [],
+    ("eagle2", "auto", "lantern_pp"): ["eagle_depth", "eagle_top_k", "eagle_nodes"],
+    ("lantern", "auto", "lantern_pp"): ["lantern_k", "delta", "eagle_depth", "eagle_top_k", "eagle_nodes"],
+    ("static_tree", "auto", "lantern_pp"): ["tree"],
+    ("static_tree", "chain", "lantern_pp"): ["tree", "chain_length"],
+    ("lantern_pp", "custom", "lantern_pp"): ["tree", "custom_tree", "lantern_k", "lam"],
+    ("sjd", "custom", "lantern_pp"): ["jacobi_window", "jacobi_init"],
+    ("sjd_coupled", "auto", "lantern_pp"): ["jacobi_window", "jacobi_init"],
+    ("sjd_relaxed", "auto", "lantern_pp"): ["lantern_k", "lam", "jacobi_window", "jacobi_init", "sjd_relaxation"],
+    ("sjd_relaxed", "auto", "gsd"): ["lantern_k", "jacobi_window", "jacobi_init", "sjd_relaxation", "gsd_gap"],
+    ("sjd_relaxed", "auto", "lantern"): ["lantern_k", "delta", "jacobi_window", "jacobi_init", "sjd_relaxation"],
+    ("ar", "auto", "lantern"): [],
+}
+
+SWITCH = """async ([mode, tree, relaxation, shown, hidden, vue]) => {
+    const node = window.app.graph._nodes.find(n => n.type === 'LanternDecodingConfig');
+    for (const [name, value] of [['tree', tree], ['sjd_relaxation', relaxation], ['mode', mode]]) {
+        const widget = node.widgets.find(w => w.name === name);
+        widget.value = value;
+        widget.callback?.(value);  // what a person's choice in the combo does
+    }
+    const drawn = () => {  // the Vue renderer redraws on its next update, not at once
+        const root = document.querySelector(`[data-node-id="${node.id}"]`);
+        return root ? new Set(root.innerText.split('\\n')) : new Set();
+    };
+    for (let i = 0; vue && i < 100; i++) {
+        const lines = drawn();
+        if (shown.every(l => lines.has(l)) && !hidden.some(l => lines.has(l))) break;
+        await new Promise(r => setTimeout(r, 100));
+    }
+    return {canvas: node.widgets.filter(w => node.isWidgetVisible(w)).map(w => w.name), lines: [...drawn()]};
+}"""
+
+
+@pytest.mark.parametrize("vue_nodes", [False, True], ids=["litegraph-nodes", "vue-nodes"])
+def test_decoding_config_shows_only_the_widgets_its_mode_reads(server, vue_nodes):
+    server.post("/api/settings/Comfy.VueNodes.Enabled", vue_nodes)
+    errors = []
+    with editor(server, errors) as (ctx, page):
+        assert page.evaluate("() => window.app.extensions.some(e => e.name === 'lantern.decoding_widgets')")
+        page.evaluate("""() => {
+            window.app.graph.clear();
+            const node = window.LiteGraph.createNode('LanternDecodingConfig');
+            node.pos = [300, 100];
+            window.app.graph.add(node);
+            window.app.graph.setDirtyCanvas(true, true);
+        }""")
+        page.wait_for_timeout(1500)
+        every = {name for shown in EXPECTED.values() for name in shown} | set(ALWAYS)
+        label = lambda names: sorted(LABELS.get(n, n) for n in names)  # noqa: E731
+        seen = {}
+        for key, shown in EXPECTED.items():
+            visible = every - {"custom_tree", "lam"} if vue_nodes else set(ALWAYS + shown)
+            seen[key] = page.evaluate(SWITCH, [*key, label(visible), label(every - visible), vue_nodes])
+        saved = page.evaluate("() => window.app.graph.serialize().nodes.find(n => n.type === 'LanternDecodingConfig')")
+        ctx.close()
+    for key, shown in EXPECTED.items():
+        visible = every if vue_nodes else set(ALWAYS + shown)
+        assert sorted(seen[key]["canvas"]) == sorted(visible), (key, seen[key])  # the canvas renderer's own test
+        if vue_nodes:  # what the Vue renderer drew: the labels that render as a line of their own
+            plain = every - {"custom_tree", "lam"}  # a text area and a renamed widget draw their labels otherwise
+            assert set(label(plain)) <= set(seen[key]["lines"]), (key, seen[key]["lines"])
+    assert len(saved["widgets_values"]) == 15 and saved["widgets_values"][0] == "ar"  # every value is kept
+    assert not errors, errors
