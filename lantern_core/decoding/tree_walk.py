@@ -33,8 +33,8 @@ def greedy_children(scores: torch.Tensor, child_tokens: torch.Tensor, valid: tor
     logits; child_tokens, valid (B, m). Returns (index or -1 (B,), absorbed mass (B,))."""
     B, m = child_tokens.shape
     x = child_tokens.clamp(min=0)
-    passes, absorbed = relaxed_greedy_passes(scores[:, None].expand(B, m, -1).reshape(B * m, -1), x.reshape(-1),
-                                             rule, neighbors)
+    rows = torch.arange(B, device=scores.device).repeat_interleave(m)  # (B*m,) each child's parent row
+    passes, absorbed = relaxed_greedy_passes(scores, rows, x.reshape(-1), rule, neighbors)
     passes, absorbed = passes.view(B, m) & valid, absorbed.view(B, m)
     best = scores.argmax(-1)  # (B,)
     first = torch.where(passes.any(-1), passes.float().argmax(-1), torch.full_like(best, -1))
@@ -93,17 +93,17 @@ def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.T
     return WalkResult(path, accepted, bonus, absorbed)
 
 
-def relaxed_greedy_passes(scores: torch.Tensor, tokens: torch.Tensor, rule: Relaxation | None,
+def relaxed_greedy_passes(scores: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, rule: Relaxation | None,
                           neighbors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """LANTERN's greedy test for each of M candidates at once: scores (M, V) CFG-combined logits at the
-    candidate's parent, tokens (M,). A candidate passes iff it is the argmax of the target with its own
-    probability raised to p~(x) (nothing zeroed). Returns (passes (M,) bool, the mass it absorbed (M,): zero
-    where the token is the argmax anyway and needed none)."""
-    exact = tokens == scores.argmax(-1)
+    """LANTERN's greedy test for M candidates at once: scores (R, V) CFG-combined logits of the parents, rows
+    (M,) each candidate's parent row, tokens (M,). A candidate passes iff it is the argmax of the target with
+    its own probability raised to p~(x) (nothing zeroed). Argmax and softmax run once per parent row. Returns
+    (passes (M,) bool, the mass it absorbed (M,): zero where the token is the argmax anyway and needed none)."""
+    exact = tokens == scores.argmax(-1).index_select(0, rows)
     absorbed = torch.zeros(tokens.shape, device=scores.device)
     if rule is None or rule.k == 0:
         return exact, absorbed
-    probs = scores.float().softmax(-1)
+    probs = scores.float().softmax(-1).index_select(0, rows)  # (M, V)
     mass = relax(probs, tokens, neighbors, rule)
     raised = probs.scatter(1, tokens[:, None], mass.probability[:, None])
     relaxed = ~exact & (raised.argmax(-1) == tokens)  # passes only thanks to the absorbed mass
@@ -123,8 +123,8 @@ def walk_longest_path(target: torch.Tensor, parents: torch.Tensor, depths: torch
     device = target.device
     gi = torch.arange(G, device=device)[:, None]
     parent = parents.clamp(min=0)  # (G, n+1)
-    passes, absorbed = relaxed_greedy_passes(target[gi, parent].reshape(G * n1, V), node_tokens.reshape(-1), rule,
-                                             neighbors)
+    rows = (gi * n1 + parent).reshape(-1)  # (G*(n+1),) each node's parent row in target
+    passes, absorbed = relaxed_greedy_passes(target.reshape(G * n1, V), rows, node_tokens.reshape(-1), rule, neighbors)
     passes, absorbed = passes.view(G, n1), absorbed.view(G, n1)
     passes[:, 0] = True  # the root is the last accepted token
     ok = passes.clone()

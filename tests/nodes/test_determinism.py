@@ -3,7 +3,13 @@ image i of a batch equals a single run with seed + i (with the same tree / windo
 batch size it runs), the same seed gives the same image again after other workflows ran and every model was
 unloaded (as /free does) and reloaded, and the lossless modes at their neutral settings (LANTERN delta 0,
 LANTERN++ lambda 1) give greedy AR's image. The auto tree and the auto Jacobi window are remembered by the
-weights' fingerprint and batch size, so a reloaded model keeps them."""
+weights' fingerprint and batch size, so a reloaded model keeps them.
+
+A batch runs its forwards over more rows and over the key window of its furthest image, so on the embedded
+model (CPU, fp32) a row's logits may differ from its single run in the last bit. Uncoupled SJD draws every
+refill by inverse CDF from those probabilities, so one draw can land on the other side of a boundary (seed 71
+diverges from token 58 on); the batched logic itself is tested exact on tiny models in every mode
+(tests/core/test_batched_decoding.py)."""
 from __future__ import annotations
 
 import sys
@@ -12,12 +18,6 @@ import weakref
 import pytest
 import torch
 
-# A batch runs its forwards over more rows and over the key window of its furthest image, so on the embedded
-# model (CPU, fp32) a row's logits may differ from its single run in the last bit. Uncoupled SJD draws every
-# refill by inverse CDF from those probabilities, so one draw can land on the other side of a boundary: seed 71
-# diverges from token 58 on. Exactness of the batched logic itself is tested on tiny models in every mode
-# (tests/core/test_batched_decoding.py), where the arithmetic does not depend on the batch.
-FLOAT_NOTE = None
 MODES = ["ar", "eagle2", "static_tree", "lantern", "lantern_pp", "sjd", "sjd_coupled", "sjd_relaxed"]
 SETTINGS = dict(tree="auto", chain_length=4, custom_tree="[[0], [1], [0, 0]]", lantern_k=10, delta=0.1, lam=5.0,
                 eagle_depth=4, eagle_top_k=4, eagle_nodes=12, jacobi_window=0, jacobi_init="sample_left",
@@ -47,7 +47,7 @@ def test_batch_positions_and_reloads_keep_images(pack, node, mm, monkeypatch, mo
     fixed = dict(tree="mc_sim_7b_63", jacobi_window=8)  # `auto` plans per batch size: fix the tree / window here
     in_batch = tokens(node, model, drafter, mode, seed=70, batch_size=2, **fixed)
     single = tokens(node, model, drafter, mode, seed=71, **fixed)
-    if mode == "sjd":  # uncoupled SJD: see FLOAT_NOTE; the images agree until a rare rounding flip
+    if mode == "sjd":  # uncoupled SJD: the images agree until a rare rounding flip (see the module docstring)
         assert torch.equal(in_batch[1][:32], single[0][:32]), mode
     else:
         assert torch.equal(in_batch[1], single[0]), mode  # image 1 of the batch is the single run with seed + 1
