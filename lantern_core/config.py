@@ -250,6 +250,9 @@ class SamplingConfig:
         return self.uses_cfg and (self.cfg_interval < 0 or step <= self.cfg_interval + 1)
 
 
+PREFIX_STATES = ("native", "hf_port")
+
+
 @dataclass(frozen=True)
 class DrafterConfig:
     """Shape of an EAGLE-style one-layer feature drafter (LANTERN's `cnets_llamagen` / `cnets_anole`).
@@ -259,6 +262,12 @@ class DrafterConfig:
     grid coordinate it has in the target. `family` is the target's; a LlamaGen drafter's layer has no
     input norm and 2-D RoPE, a Chameleon / Janus drafter is one full decoder layer of its target's kind
     (`input_norm`, Chameleon's `qk_norm`, 1-D RoPE: `rope_dims`).
+
+    `prefix_states` is the prefix convention the drafter was trained with (see
+    `decoding/prefix_states.py`): "native" (LlamaGen's semantics: a left-padded caption row attends only
+    to itself, and the drafter masks padded keys; our trained drafters, LANTERN's Anole drafter) or
+    "hf_port" (LANTERN's HF port of LlamaGen-T2I, which its released t2i drafters were trained on: a
+    padded row attends uniformly over the whole prefill, and the drafter masks no prefix key).
     """
 
     dim: int = 1280
@@ -275,10 +284,15 @@ class DrafterConfig:
     input_norm: bool = False
     qk_norm: bool = False
     rope_dims: int = 2
+    prefix_states: str = "native"
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.prefix_states not in PREFIX_STATES:
+            raise ConfigError("DrafterConfig.prefix_states", f"one of {PREFIX_STATES}", self.prefix_states,
+                              "write \"native\" for drafters trained here, \"hf_port\" for LANTERN's released "
+                              "LlamaGen-T2I drafters")
         if self.family not in FAMILIES:
             raise ConfigError("DrafterConfig.family", f"one of {FAMILIES}", self.family)
         if self.rope_dims not in (1, 2):

@@ -19,6 +19,7 @@ import torch
 from ..models.drafter import EagleDrafter
 from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import attention_mask
+from .prefix_states import drafter_key_valid
 from .tree import TreeBuffers, TreeSpec, build_tree_buffers
 from .tree_attention import window_mask
 
@@ -51,12 +52,15 @@ class DrafterSession:
     `length` (rows,) committed slots per row (rows of a batch advance independently) and `root_feature`
     are device buffers updated in place, so a captured iteration reads and writes the same memory on
     every replay. `known` mirrors the (common) length on the host while it is known there (after exact
-    consumes of every row); forwards given an explicit `window` never need it."""
+    consumes of every row); forwards given an explicit `window` never need it. The keys it attends to
+    follow the drafter's prefix convention (`prefix_states.drafter_key_valid`): the target's padding
+    mask, shared, or none."""
 
     def __init__(self, drafter: EagleDrafter, rows: int, max_len: int, key_valid: torch.Tensor):
         self.drafter = drafter
         self.cache = drafter.allocate_cache(rows, max_len)
-        self.key_valid = key_valid  # (rows, >= max_len) bool, shared with the target
+        # (rows, >= max_len) bool: the target's (shared) or all valid
+        self.key_valid = drafter_key_valid(drafter.config.prefix_states, key_valid)
         device = key_valid.device
         self.length = torch.zeros(rows, dtype=torch.long, device=device)
         self.known: int | None = 0
@@ -65,10 +69,11 @@ class DrafterSession:
         self._last_row = drafter.rope_table.shape[0] - 1
 
     def select_rows(self, rows: torch.Tensor, key_valid: torch.Tensor) -> "DrafterSession":
-        """A session over the batch rows `rows` of this one (cache, lengths and root features copied),
-        sharing `key_valid` (already selected) with the target."""
+        """A session over the batch rows `rows` of this one (cache, lengths and root features copied), with
+        the target's `key_valid` (already selected) as its mask where its convention shares it."""
         session = DrafterSession.__new__(DrafterSession)
-        session.drafter, session.key_valid, session.known = self.drafter, key_valid, self.known
+        session.drafter, session.known = self.drafter, self.known
+        session.key_valid = drafter_key_valid(self.drafter.config.prefix_states, key_valid)
         session.cache = self.cache.select_rows(rows)
         session.length = self.length.index_select(0, rows)
         session.root_feature = self.root_feature.index_select(0, rows)

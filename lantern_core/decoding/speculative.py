@@ -30,6 +30,7 @@ from . import auto_store
 from ..config import SamplingConfig
 from .ar_step import slots_for
 from .drafting import DynamicShape, StaticPlan, plan_static_tree, prefix_inputs
+from .prefix_states import drafter_features
 from ..errors import ConfigError
 from ..layout import extend_neighbors
 from .generate import GenerationResult, GenerationStats, StepCallback, generate, prefill, synchronize
@@ -556,7 +557,8 @@ def _decode_batch(model: ImageTransformer, drafter: EagleDrafter, spec: Speculat
         state.start_image(T, first)
         state.session.reset(0)
         fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first, rows, T)
-        state.session.consume(hidden, fed, embeddings)  # pairs (f_s, x_{s+1}) over the prefix; the last holds the first token
+        features = drafter_features(model, prefix.embeddings, prefix.key_valid, hidden, drafter.config.prefix_states)
+        state.session.consume(features, fed, embeddings)  # pairs (f_s, x_{s+1}) over the prefix; the last holds the first token
         progress_tokens(out, state.tokens, state.done)
         tally.prefill_s += time.perf_counter() - t0
         tally.batches += 1

@@ -12,23 +12,28 @@ folder, or a single `.safetensors`/`.bin` file (then the config comes from our m
 from the weights and the target). Names are mapped onto `EagleDrafter` (q/k/v fused into the shared
 block's `wqkv`); any missing, extra or mis-shaped tensor, and any drafter that does not fit the target,
 is a `CheckpointError`. `save_drafter` writes config.json + model.safetensors in the released names.
+The prefix convention a drafter was trained with (`DrafterConfig.prefix_states`) is read from
+config.json's `lantern.prefix_states` (written by `save_drafter`); a released LlamaGen text-to-image
+folder without it gets "hf_port" (trained on LANTERN's HF port), anything else "native".
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from .checkpoint_io import read_checkpoint, read_json_object, write_safetensors
 from .checkpoints import build_on_meta, config_from_metadata, load_state_strict, strip_prefixes
-from ..config import HEADS_BY_DIM, DrafterConfig, GPTConfig
-from ..errors import CheckpointError, ConfigError, LanternError
+from ..config import HEADS_BY_DIM, PREFIX_STATES, DrafterConfig, GPTConfig
+from ..errors import CheckpointError, ConfigError, LanternError, shown
 from ..models.drafter import EagleDrafter
 from ..models.rope import interleave_head_norm, permute_rotate_half, unpermute_rotate_half
 
+log = logging.getLogger("lantern_core.loading.drafter_io")
 DRAFTER_FIX = ("choose the drafter trained for this target model (a folder with config.json + "
                "pytorch_model.bin or model.safetensors, e.g. jadohu/llamagen_drafter for LlamaGen-T2I stage I), "
                "or train one with `python -m lantern_core.training.train_drafter`")
@@ -163,12 +168,31 @@ def _read_files(path: Path) -> tuple[dict[str, torch.Tensor], dict, dict, str]:
 def infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta: dict,
                          target: GPTConfig | None) -> DrafterConfig:
     try:
-        return _infer_drafter_config(path, sd, hf, meta, target)
+        config = _infer_drafter_config(path, sd, hf, meta, target)
     except LanternError:
         raise
     except (TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as exc:  # odd config.json values
         raise CheckpointError(path, "a drafter config.json with integer sizes and numeric rope_theta / rms_norm_eps",
                               f"a value that cannot be used ({type(exc).__name__}: {exc})", DRAFTER_FIX) from exc
+    states = prefix_convention(hf, config)
+    if not isinstance(states, str) or states not in PREFIX_STATES:
+        raise CheckpointError(path, f"config.json's lantern.prefix_states to be one of {PREFIX_STATES}", repr(shown(states)),
+                              "write \"native\" for drafters trained with this pack, \"hf_port\" for LANTERN's "
+                              "released LlamaGen-T2I drafters (see the README's drafter section)")
+    return replace(config, prefix_states=states)
+
+
+def prefix_convention(hf: dict, config: DrafterConfig) -> str:
+    """The prefix convention the drafter was trained with (`decoding/prefix_states.py`): config.json's
+    `lantern.prefix_states` when written; else "hf_port" for LANTERN's released LlamaGen text-to-image
+    layout (`input_type` t2i / t2i2, no entry of ours: trained on its HF port's states); else what the
+    file's own metadata says, "native" by default (our drafters, the Anole drafter, class-conditional)."""
+    ours = hf.get("lantern", {})
+    if "prefix_states" in ours:
+        return ours["prefix_states"]
+    if not ours and hf.get("input_type") in ("t2i", "t2i2") and config.family == "llamagen":
+        return "hf_port"
+    return config.prefix_states
 
 
 def _infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta: dict,
@@ -249,6 +273,7 @@ def load_drafter(path: str | Path, target: GPTConfig | None = None, device: torc
                       path, DRAFTER_FIX, assign=True)
     model.rope_table = model._build_rope()
     model.embed_tokens.weight.requires_grad_(False)
+    log.info("drafter %s: prefix states '%s'", path, config.prefix_states)
     return LoadedDrafter(model.to(device=device, dtype=dtype).eval(), config, source)
 
 
@@ -262,7 +287,8 @@ def save_drafter(model: EagleDrafter, folder: str | Path, extra: dict | None = N
           "num_attention_heads": c.n_head, "num_key_value_heads": c.n_kv_head, "num_hidden_layers": 1,
           "vocab_size": c.vocab_size, "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base, "bias": c.bias,
           "hidden_act": "silu", "lantern": {"grid_size": c.grid_size, "cls_token_num": c.cls_token_num,
-                                            "family": c.family, **(extra or {})}}
+                                            "family": c.family, "prefix_states": c.prefix_states,
+                                            **(extra or {})}}
     tensors = {k: v.to(dtype) for k, v in internal_to_released(model.state_dict(), c).items()}
     write_safetensors(folder / "model.safetensors", tensors, {"kind": "drafter", "config": c.to_dict()})
     (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True))

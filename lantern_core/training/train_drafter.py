@@ -28,17 +28,18 @@ import argparse
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ..conditioning import Condition, build_prefix, left_pad
-from ..config import DrafterConfig, SamplingConfig
+from ..config import PREFIX_STATES, DrafterConfig, SamplingConfig
 from ..loading.drafter_io import save_drafter
 from ..errors import ConfigError, LanternError
 from ..decoding.generate import generate
+from ..decoding.prefix_states import drafter_features, drafter_key_valid
 from ..models.drafter import EagleDrafter
 from ..models.gpt import ForwardStep, ImageTransformer, LlamaGenGPT
 from ..models.kv_cache import attention_mask
@@ -233,8 +234,10 @@ class TeacherPass:
     prefix_ids: torch.Tensor | None  # (B, T) prompt token ids of prompted families, else None
 
 
-def teacher_features(target: ImageTransformer, condition: Condition, tokens: torch.Tensor) -> TeacherPass:
-    """Target hidden states over [prefix; tokens[:, :-1]] (teacher forcing)."""
+def teacher_features(target: ImageTransformer, condition: Condition, tokens: torch.Tensor,
+                     prefix_states: str = "native") -> TeacherPass:
+    """Target hidden states over [prefix; tokens[:, :-1]] (teacher forcing), the padded prefix rows in the
+    drafter's convention `prefix_states` (as decoding hands them over: `prefix_states.drafter_features`)."""
     prefix_ids = None
     if condition.labels is not None:  # labels may include the null class (unconditional rows)
         embeddings = target.embed_condition(condition.labels.to(tokens.device))
@@ -248,15 +251,19 @@ def teacher_features(target: ImageTransformer, condition: Condition, tokens: tor
     key_valid[:, :T] = prefix_valid
     positions = torch.arange(L, device=h.device)
     features = target(h, ForwardStep(positions, mask=attention_mask(key_valid, positions, L)))
+    prefix_features = drafter_features(target, embeddings, prefix_valid, features[:, :T], prefix_states)
+    features = torch.cat([prefix_features, features[:, T:]], dim=1)
     return TeacherPass(features, key_valid, T, prefix_ids)
 
 
 def drafter_loss(drafter: EagleDrafter, target: ImageTransformer, condition: Condition, tokens: torch.Tensor,
                  recipe: Recipe, generator: torch.Generator) -> tuple[torch.Tensor, dict]:
     """EAGLE loss on one batch: drafter position s sees (f_s, x_{s+1}) and predicts f_{s+1}."""
+    convention = drafter.config.prefix_states
     with torch.no_grad():
-        teacher = teacher_features(target, condition, tokens)
-    features, key_valid, T = teacher.features, teacher.key_valid, teacher.prefix_len
+        teacher = teacher_features(target, condition, tokens, convention)
+    features, T = teacher.features, teacher.prefix_len
+    key_valid = drafter_key_valid(convention, teacher.key_valid)  # the drafter's own keys
     B, L, _ = features.shape
     fed = torch.zeros(B, L, dtype=torch.long, device=tokens.device)
     fed[:, T - 1:] = tokens  # x_{s+1}: zeros over the prefix, then the image tokens
@@ -294,15 +301,18 @@ def _batch_order(n: int, batch: int, epoch: int, seed: int) -> list[torch.Tensor
 
 
 def train_drafter(target: ImageTransformer, data: DrafterData, recipe: Recipe, out: Path, resume: bool = False,
-                  drafter: EagleDrafter | None = None, max_steps: int | None = None) -> tuple[EagleDrafter, dict]:
+                  drafter: EagleDrafter | None = None, max_steps: int | None = None,
+                  prefix_states: str = "native") -> tuple[EagleDrafter, dict]:
     """Train (or resume) a drafter for `target` on `data`; returns the drafter and the training record.
-    `max_steps` stops early (a resumable snapshot is written), for time-boxed runs and tests."""
+    `max_steps` stops early (a resumable snapshot is written), for time-boxed runs and tests. A fresh
+    drafter is trained in the prefix convention `prefix_states` (a given `drafter` keeps its own)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     device = model_device(target)
     target.requires_grad_(False).eval()
     if drafter is None:
-        drafter = EagleDrafter(DrafterConfig.for_target(target.config)).to(device)
+        config = replace(DrafterConfig.for_target(target.config), prefix_states=prefix_states)
+        drafter = EagleDrafter(config).to(device)
         drafter.init_from_target(target, torch.Generator().manual_seed(recipe.seed))
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(recipe.beta1, recipe.beta2), weight_decay=0.0)
@@ -312,9 +322,10 @@ def train_drafter(target: ImageTransformer, data: DrafterData, recipe: Recipe, o
     state_path = out / STATE_FILE
     if resume and state_path.is_file():
         state = torch.load(state_path, weights_only=True, map_location=device)
-        if state["recipe"] != json.dumps(asdict(recipe), sort_keys=True) or state["samples"] != len(data):
-            raise ConfigError("--resume", f"the recipe and data of the run in {state_path}",
-                              "a different recipe or dataset", "resume with the same arguments, or drop --resume")
+        if state["recipe"] != json.dumps(asdict(recipe), sort_keys=True) or state["samples"] != len(data) \
+                or state.get("prefix_states", "native") != drafter.config.prefix_states:
+            raise ConfigError("--resume", f"the recipe, data and prefix states of the run in {state_path}",
+                              "a different recipe, dataset or --prefix-states", "resume with the same arguments, or drop --resume")
         drafter.load_state_dict(state["drafter"], strict=True)
         opt.load_state_dict(state["optimizer"])
         step, history = int(state["step"]), json.loads(state["history"])
@@ -348,13 +359,15 @@ def train_drafter(target: ImageTransformer, data: DrafterData, recipe: Recipe, o
         if step % recipe.checkpoint_every == 0 or step == stop_at:
             snapshot = {"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
                         "history": json.dumps(history), "samples": len(data),
+                        "prefix_states": drafter.config.prefix_states,
                         "recipe": json.dumps(asdict(recipe), sort_keys=True)}
             tmp = state_path.with_suffix(".tmp")
             torch.save(snapshot, tmp)
             tmp.replace(state_path)
     drafter.eval()
     record = {"recipe": asdict(recipe), "steps": step, "total_steps": total, "steps_per_epoch": steps_per_epoch,
-              "samples": len(data), "data": list(data.sources), "history": history, "finished": step >= total}
+              "samples": len(data), "data": list(data.sources), "history": history, "finished": step >= total,
+              "prefix_states": drafter.config.prefix_states}
     return drafter, record
 
 
@@ -443,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="stop after this many steps (resumable)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--evaluate", action="store_true", help="measure acceptance on 16 images after training")
+    p.add_argument("--prefix-states", choices=PREFIX_STATES, default="native",
+                   help="features of padded caption rows the drafter learns on: LlamaGen's own ('native', the "
+                   "default) or LANTERN's HF port ('hf_port', as its released t2i drafters); recorded in config.json")
     for field_name, default in asdict(Recipe()).items():
         p.add_argument(f"--{field_name.replace('_', '-')}", type=type(default), default=default)
     return p
@@ -515,7 +531,8 @@ def train_from_args(args: argparse.Namespace) -> dict:
         raise ConfigError("training data", "--images and/or --self-distill", "neither")
     data = DrafterData.concat(parts)
     t0 = time.perf_counter()
-    drafter, record = train_drafter(target, data, recipe, args.out, resume=args.resume, max_steps=args.max_steps)
+    drafter, record = train_drafter(target, data, recipe, args.out, resume=args.resume, max_steps=args.max_steps,
+                                    prefix_states=args.prefix_states)
     record.update(target=args.target, train_s=time.perf_counter() - t0,
                   command="python -m lantern_core.training.train_drafter " + " ".join(args.argv))
     half = {k: v.half().float() if v.is_floating_point() else v for k, v in drafter.state_dict().items()}
