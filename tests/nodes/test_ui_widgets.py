@@ -1,7 +1,7 @@
-"""Lantern: Decoding Config in a real browser: on the LiteGraph canvas it shows only the widgets the chosen
-mode reads, switching as the mode, tree or relaxed rule changes; the hidden widgets keep their values in the
-saved workflow. The Vue node renderer of frontend 1.32.9 does not follow later visibility changes, so there
-every widget stays shown (checked: none is ever lost)."""
+"""Lantern: Decoding Config in a real browser: in both node renderers (the LiteGraph canvas and Vue nodes) it
+shows only the widgets the chosen mode reads, switching as the mode, tree or relaxed rule changes, back and
+forth; the hidden widgets keep their values in the saved workflow. In the Vue renderer what is checked is
+what the page draws: the labels in the node's rendered text and the number of widget rows on screen."""
 from __future__ import annotations
 
 import pytest
@@ -41,7 +41,23 @@ SWITCH = """async ([mode, tree, relaxation, shown, hidden, vue]) => {
         if (shown.every(l => lines.has(l)) && !hidden.some(l => lines.has(l))) break;
         await new Promise(r => setTimeout(r, 100));
     }
-    return {canvas: node.widgets.filter(w => node.isWidgetVisible(w)).map(w => w.name), lines: [...drawn()]};
+    const rows = [...document.querySelectorAll(`[data-node-id="${node.id}"] .lg-node-widget`)];
+    return {canvas: node.widgets.filter(w => node.isWidgetVisible(w)).map(w => w.name), lines: [...drawn()],
+            rows: rows.filter(r => r.getClientRects().length > 0).length};
+}"""
+
+
+RELOAD = """async ([mode, vue]) => {
+    const workflow = window.app.graph.serialize();
+    workflow.nodes.find(n => n.type === 'LanternDecodingConfig').widgets_values[0] = mode;
+    await window.app.loadGraphData(workflow);
+    const node = window.app.graph._nodes.find(n => n.type === 'LanternDecodingConfig');
+    const rows = () => [...document.querySelectorAll(`[data-node-id="${node.id}"] .lg-node-widget`)]
+        .filter(r => r.getClientRects().length > 0);
+    for (let i = 0; vue && i < 100 && rows().length !== 4; i++) await new Promise(r => setTimeout(r, 100));
+    const root = document.querySelector(`[data-node-id="${node.id}"]`);
+    return {canvas: node.widgets.filter(w => node.isWidgetVisible(w)).map(w => w.name), rows: rows().length,
+            lines: root ? root.innerText.split('\\n') : []};
 }"""
 
 
@@ -62,16 +78,23 @@ def test_decoding_config_shows_only_the_widgets_its_mode_reads(server, vue_nodes
         every = {name for shown in EXPECTED.values() for name in shown} | set(ALWAYS)
         label = lambda names: sorted(LABELS.get(n, n) for n in names)  # noqa: E731
         seen = {}
+        plain = every - {"custom_tree", "lam"}  # a text area and a renamed widget draw their labels otherwise
         for key, shown in EXPECTED.items():
-            visible = every - {"custom_tree", "lam"} if vue_nodes else set(ALWAYS + shown)
-            seen[key] = page.evaluate(SWITCH, [*key, label(visible), label(every - visible), vue_nodes])
+            visible = set(ALWAYS + shown)
+            seen[key] = page.evaluate(SWITCH, [*key, label(visible & plain), label(plain - visible), vue_nodes])
         saved = page.evaluate("() => window.app.graph.serialize().nodes.find(n => n.type === 'LanternDecodingConfig')")
+        reloaded = page.evaluate(RELOAD, ["sjd_coupled", vue_nodes])  # a saved workflow opens with its mode's widgets
         ctx.close()
+    assert sorted(reloaded["canvas"]) == sorted(ALWAYS + EXPECTED["sjd_coupled", "auto", "lantern_pp"]), reloaded
+    if vue_nodes:
+        assert reloaded["rows"] == 4 and "jacobi_window" in reloaded["lines"] and "tree" not in reloaded["lines"], reloaded
     for key, shown in EXPECTED.items():
-        visible = every if vue_nodes else set(ALWAYS + shown)
+        visible = set(ALWAYS + shown)
         assert sorted(seen[key]["canvas"]) == sorted(visible), (key, seen[key])  # the canvas renderer's own test
-        if vue_nodes:  # what the Vue renderer drew: the labels that render as a line of their own
-            plain = every - {"custom_tree", "lam"}  # a text area and a renamed widget draw their labels otherwise
-            assert set(label(plain)) <= set(seen[key]["lines"]), (key, seen[key]["lines"])
+        if vue_nodes:  # what the Vue renderer drew: the labels that render as a line of their own, and the rows
+            lines = set(seen[key]["lines"])
+            assert set(label(visible & plain)) <= lines, (key, seen[key]["lines"])
+            assert not set(label(plain - visible)) & lines, (key, seen[key]["lines"])
+            assert seen[key]["rows"] == len(visible), (key, seen[key]["rows"])
     assert len(saved["widgets_values"]) == 15 and saved["widgets_values"][0] == "ar"  # every value is kept
     assert not errors, errors

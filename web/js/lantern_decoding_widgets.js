@@ -1,8 +1,12 @@
-// LANTERN decoding config: on the LiteGraph canvas, show only the widgets the chosen mode reads (and, below it,
-// the chosen tree and relaxed rule). Hidden widgets keep their values, which the saved workflow still holds;
-// switching back shows them again. The Vue node renderer of frontend 1.32.9 copies a node's widgets when a
-// value changes and does not follow later `hidden` changes, so there every widget stays shown (a hidden one
-// could never come back); the canvas skips `widget.hidden` as it draws.
+// LANTERN decoding config: show only the widgets the chosen mode reads (and, below it, the chosen tree and
+// relaxed rule), in both node renderers. Hidden widgets keep their values, which the saved workflow still
+// holds; switching back shows them again.
+// - LiteGraph canvas: `widget.hidden`, which the canvas skips as it draws.
+// - Vue nodes (frontend 1.32.9): the renderer copies a node's widgets into a snapshot when a value changes
+//   and never re-reads a visibility flag, so a widget hidden through it could not come back. It draws one
+//   `.lg-node-widget` row per widget, in order, under the node's `[data-node-id]` element: we hide the
+//   unused rows there (display: none), again after every re-render (one document observer, at most once
+//   per frame). If the rows do not line up one-to-one with the widgets (another frontend), all stay shown.
 import { app } from "../../../scripts/app.js"; // served at /extensions/<pack>/js/
 
 const NODE = "LanternDecodingConfig";
@@ -39,10 +43,44 @@ function vueNodes() {
   return Boolean(window.LiteGraph?.vueNodesMode);
 }
 
+function shownWidgets(node) {
+  return usedWidgets(Object.fromEntries((node.widgets ?? []).map((w) => [w.name, w.value])));
+}
+
+// The Vue renderer's rows of `node`, one per widget in order, or null when they do not line up.
+function vueRows(node) {
+  const root = document.querySelector(`[data-node-id="${node.id}"]`);
+  const list = root?.querySelector(".lg-node-widgets");
+  if (!list) return null;
+  const rows = [...list.children].filter((el) => el.classList.contains("lg-node-widget"));
+  return rows.length === (node.widgets ?? []).length ? rows : null;
+}
+
+function hideVueRows(node) {
+  const rows = vueRows(node);
+  if (!rows) return;
+  const shown = shownWidgets(node);
+  rows.forEach((row, i) => {
+    const display = shown.has(node.widgets[i].name) ? "" : "none";
+    if (row.style.display !== display) row.style.display = display;
+  });
+}
+
+let pending = false;
+function hideAllVueRowsSoon() {
+  if (pending || !vueNodes()) return;
+  pending = true;
+  requestAnimationFrame(() => {
+    pending = false;
+    for (const node of app.canvas?.graph?._nodes ?? []) {
+      if (node.comfyClass === NODE) hideVueRows(node);
+    }
+  });
+}
+
 function showUsedWidgets(node) {
   const widgets = node.widgets ?? [];
-  const shown = vueNodes() ? new Set(widgets.map((w) => w.name))
-    : usedWidgets(Object.fromEntries(widgets.map((w) => [w.name, w.value])));
+  const shown = shownWidgets(node);
   let changed = false;
   for (const widget of widgets) {
     const hide = !shown.has(widget.name);
@@ -50,7 +88,9 @@ function showUsedWidgets(node) {
     widget.hidden = hide;
     changed = true;
   }
-  if (changed) {
+  if (vueNodes()) {
+    hideAllVueRowsSoon(); // after the renderer's own update
+  } else if (changed) {
     const height = node.computeSize?.()[1];
     if (height && node.size) node.setSize?.([node.size[0], height]);
     node.setDirtyCanvas?.(true, true);
@@ -59,6 +99,10 @@ function showUsedWidgets(node) {
 
 app.registerExtension({
   name: "lantern.decoding_widgets",
+  setup() {
+    // Vue nodes mount, re-render and remount (renderer switch, subgraph navigation) on their own schedule
+    new MutationObserver(hideAllVueRowsSoon).observe(document.body, { childList: true, subtree: true });
+  },
   nodeCreated(node) {
     if (node.comfyClass !== NODE) return;
     for (const name of DEPENDS) {
