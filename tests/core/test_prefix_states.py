@@ -307,3 +307,36 @@ def test_a_drafter_run_with_the_other_convention_loses_acceptance(tmp_path):
         torch.set_flush_denormal(False)
     assert rates["native", "native"] > rates["native", "hf_port"] + 0.03, rates
     assert rates["hf_port", "hf_port"] > rates["hf_port", "native"] + 0.03, rates
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_gives_the_port_states_too(dtype):
+    """finfo.min of bf16 / fp16 still makes a padded row uniform (its scores are exactly 0 on LlamaGen's
+    prefix): the states follow the float32 ones within the dtype's rounding, with nothing infinite."""
+    model = random_gpt(TINY_T2I, seed=5)
+    drafter = with_states(random_drafter(model, seed=2, std=0.3), "hf_port")
+    condition = padded_condition()
+    prefix, _, full, _, _ = session_after_prefill(model, drafter, condition)
+    half = copy.deepcopy(model).to(dtype)
+    _, _, low, _, _ = session_after_prefill(half, drafter.to(dtype), condition)
+    assert low.dtype == dtype and torch.isfinite(low).all()
+    padded = ~prefix.key_valid
+    torch.testing.assert_close(low[padded].float(), full[padded], rtol=0.05, atol=0.05)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_runs_equal_eager_with_an_hf_port_drafter(dtype):
+    from lantern_core.decoding import step_graphs
+
+    model = random_gpt(TINY_T2I, seed=5).to("cuda", dtype)
+    drafter = with_states(random_drafter(random_gpt(TINY_T2I, seed=5), seed=2, std=0.3), "hf_port").to("cuda", dtype)
+    condition = padded_condition()
+    condition = Condition(caption=condition.caption.cuda(), caption_mask=condition.caption_mask.cuda())
+    for spec in (SpeculativeConfig(static_tree=NAIVE_EXTEND_57), SpeculativeConfig(tree="dynamic")):
+        with torch.no_grad():
+            runs = [speculative_generate(model, drafter, condition, SAMPLED, spec, make_generators(4, 3, "cuda"),
+                                         compile=compile) for compile in ("auto", "off")]
+        assert torch.equal(runs[0].tokens, runs[1].tokens), spec.tree
+        assert torch.equal(runs[0].accepted_per_cell, runs[1].accepted_per_cell), spec.tree
+    step_graphs.release(model)
