@@ -185,12 +185,13 @@ def infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta
 def prefix_convention(hf: dict, config: DrafterConfig) -> str:
     """The prefix convention the drafter was trained with (`decoding/prefix_states.py`): config.json's
     `lantern.prefix_states` when written; else "hf_port" for LANTERN's released LlamaGen text-to-image
-    layout (`input_type` t2i / t2i2, no entry of ours: trained on its HF port's states); else what the
-    file's own metadata says, "native" by default (our drafters, the Anole drafter, class-conditional)."""
+    layout (its `input_type` t2i / t2i2, which `save_drafter` never writes: trained on its HF port's
+    states); else what the file's own metadata says, "native" by default (our drafters, older ones
+    included, the Anole drafter, class-conditional ones)."""
     ours = hf.get("lantern", {})
     if "prefix_states" in ours:
         return ours["prefix_states"]
-    if not ours and hf.get("input_type") in ("t2i", "t2i2") and config.family == "llamagen":
+    if hf.get("input_type") in ("t2i", "t2i2") and config.family == "llamagen":
         return "hf_port"
     return config.prefix_states
 

@@ -233,8 +233,10 @@ def test_the_loader_reads_the_convention_from_the_drafter_folder(tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["lantern"] = {"grid_size": 4, "cls_token_num": 5}  # sizes for the tiny target
     (folder / "config.json").write_text(json.dumps(cfg))
-    assert load_drafter(folder, target.config).config.prefix_states == "native"  # our entry, no convention
-    cfg.pop("lantern")
+    assert load_drafter(folder, target.config).config.prefix_states == "hf_port"  # released t2i, sizes added
+    cfg["input_type"] = "c2i"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_drafter(folder, target.config).config.prefix_states == "native"
     cfg["input_type"] = "t2i"
     for states in ("hf_port", "native"):
         cfg["lantern"] = {"grid_size": 4, "cls_token_num": 5, "prefix_states": states}
@@ -249,6 +251,12 @@ def test_the_loader_reads_the_convention_from_the_drafter_folder(tmp_path):
     assert json.loads((mine / "config.json").read_text())["lantern"]["prefix_states"] == "hf_port"
     assert load_drafter(mine, target.config).config.prefix_states == "hf_port"
     assert load_drafter(save_drafter(drafter, tmp_path / "plain"), target.config).config.prefix_states == "native"
+    # a drafter saved before the convention was recorded (the embedded one) is ours: native
+    from pathlib import Path
+
+    embedded = Path(__file__).resolve().parents[2] / "lantern_core" / "assets" / "default" / "drafter"
+    assert "prefix_states" not in json.loads((embedded / "config.json").read_text())["lantern"]
+    assert load_drafter(embedded).config.prefix_states == "native"
 
 
 def test_a_released_t2i_folder_is_read_as_the_hf_port():
