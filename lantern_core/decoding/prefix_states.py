@@ -10,7 +10,9 @@ Two conventions differ on a left-padded prefix (LlamaGen-T2I captions, batched p
   finite `finfo.min` on every key of a padded row (its earlier keys are padding, its later ones are in
   the future), so the row attends uniformly over every position of the prefill (the caption only),
   later valid caption rows included. Its drafter attends causally to every earlier position, padded
-  ones included.
+  ones included. (LANTERN's training-data script ran the port over caption + image tokens at once, so
+  there a padded row also averaged over the image tokens; we follow its generator, with which its
+  speed-ups were measured, and train `--prefix-states hf_port` drafters on exactly what we decode with.)
 
 Every valid query masks padded keys in both, so the valid rows, the target's KV cache and every image
 logit are the same. The hf_port states therefore come from a second, cache-free forward over the
