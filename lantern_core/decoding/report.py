@@ -18,7 +18,7 @@ def stats_payload(result: GenerationResult, mode: str, tree_label: str, drafter:
                "mean_accepted_length": round(s.mean_accepted_length, 4), "speculative": mode != "ar",
                "conditions": conditions, "heatmap": result.acceptance_grid(0)}
     if isinstance(s, SpeculativeStats):
-        payload.update(tree=s.tree or tree_label, drafter=drafter,
+        payload.update(tree=s.tree or tree_label, drafter=drafter, drafter_prefix_states=s.drafter_prefix_states,
                        acceptance_by_depth=[round(a, 4) for a in s.acceptance_by_depth],
                        accepted_histogram=s.accepted_histogram, drafter_forwards=s.drafter_forwards,
                        relaxed_tokens=s.relaxed_tokens, mean_tvd_spent=round(s.mean_absorbed, 5),
@@ -36,6 +36,8 @@ def stats_text(payload: dict) -> str:
     if payload.get("speculative"):
         depth = " ".join(f"{a:.2f}" for a in payload["acceptance_by_depth"])
         text += f", tree {payload['tree']}, acceptance by depth [{depth}]"
+        if payload.get("drafter_prefix_states") == "hf_port":
+            text += ", drafter fed LANTERN's HF-port caption states"
         if payload["relaxed_tokens"]:
             text += f", TVD spent mean {payload['mean_tvd_spent']:.3f} max {payload['max_tvd_spent']:.3f}"
         if payload["batch"] > 1:

@@ -94,6 +94,7 @@ class SpeculativeStats(GenerationStats):
     tree: str = ""  # the tree used, e.g. "naive_extend_57", "eagle2 d5 k10 n58", "auto_9 (of naive_extend_57)"
     batch_forwards: int = 0  # target forwards run for the whole batch (prefill + verifications of all images at once)
     per_image: list[dict] = field(default_factory=list)  # per image: iterations, mean accepted length
+    drafter_prefix_states: str = ""  # the drafter's prefix convention (`prefix_states.py`): native or hf_port
 
     @property
     def mean_accepted_length(self) -> float:
@@ -503,6 +504,7 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
     _decode_batch(model, drafter, spec, plan, request, sink)
     synchronize(device)
     stats = tally.to_stats(B, N, time.perf_counter() - start, tree_name)
+    stats.drafter_prefix_states = drafter.config.prefix_states
     return GenerationResult(sink.tokens, stats, sink.per_cell)
 
 

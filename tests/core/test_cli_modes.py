@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE_STATS = {"mode", "batch", "image_tokens", "forward_passes", "tokens_per_s", "mean_accepted_length", "heatmap",
               "heatmap_image", "speculative", "conditions"}
 SPECULATIVE_STATS = {"tree", "drafter", "acceptance_by_depth", "accepted_histogram", "relaxed_tokens",
-                     "mean_tvd_spent", "max_tvd_spent", "batch_forwards", "accepted_length_per_image"}
+                     "mean_tvd_spent", "max_tvd_spent", "batch_forwards", "accepted_length_per_image",
+                     "drafter_prefix_states"}
 FAST = ["--tree", "mc_sim_7b_63", "--eagle-depth", "4", "--eagle-top-k", "4", "--eagle-nodes", "12", "--window", "8",
         "--k", "8"]
 
@@ -43,6 +44,7 @@ def test_every_mode_from_the_command_line(tmp_path):
         assert NODE_STATS | SPECULATIVE_STATS <= set(stats) and stats["mode"] == mode
         assert stats["forward_passes"] < 256
         assert stats["drafter"] == ("none (training-free)" if mode.startswith("sjd") else "drafter (embedded)")
+        assert stats["drafter_prefix_states"] == ("" if mode.startswith("sjd") else "native")
     for mode, extra in (("lantern", ["--delta", "0.3"]), ("lantern_pp", ["--lambda", "4"]),
                         ("sjd_relaxed", ["--sjd-relaxation", "gsd", "--gsd-gap", "0.2", "--init", "repeat_above"])):
         done = run_cli(tmp_path, "--cls", "cat", "--cls", "rocket", "--decoding", mode, *FAST, *extra, out=mode)

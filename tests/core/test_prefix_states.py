@@ -22,6 +22,7 @@ from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.decoding.drafting import DrafterSession, prefix_inputs
 from lantern_core.decoding.generate import generate, prefill
 from lantern_core.decoding.prefix_states import drafter_features
+from lantern_core.decoding.report import stats_payload, stats_text
 from lantern_core.decoding.sampling import make_generators
 from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
 from lantern_core.decoding.tree import NAIVE_EXTEND_57, chain_tree
@@ -174,6 +175,9 @@ def test_valid_rows_cache_and_image_tokens_are_untouched():
                 got = speculative_generate(model, with_states(drafter, states), condition, GREEDY, spec,
                                            make_generators(0, 3), compile="off")
                 assert torch.equal(got.tokens, ar.tokens), (states, spec.tree)
+                payload = stats_payload(got, "eagle2", "t", "d", ["c"] * 3)  # what the node and --json report
+                assert payload["drafter_prefix_states"] == states
+                assert ("HF-port" in stats_text(payload)) == (states == "hf_port")
 
 
 @pytest.mark.parametrize("states", ["native", "hf_port"])
