@@ -216,14 +216,11 @@ def _decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchR
             sink.report(progress.total)
             smaller, keep = retire_finished(state, progress, sink, sampling.uses_cfg) if layout.exact else (None, None)
             if smaller is not None:
-                tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
-                state.release()
                 state, shape = smaller, replace(shape, rows=smaller.length.shape[0])
                 context = JacobiContext(model, shape, dist)
                 step_runner = StepRunner(lambda variant, c=context, st=state: jacobi_iteration(c, st, variant[1]), state)
                 generators = [generators[g] for g in keep]
                 accepted, width = [accepted[g] for g in keep], [width[g] for g in keep]
-                progress.keep(keep)
         record_images(state, progress, list(range(len(progress.images))), sink)
         tally.add_totals(state)
     finally:

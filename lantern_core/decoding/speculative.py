@@ -437,14 +437,19 @@ class BatchProgress:
 
 def retire_finished(state, progress: BatchProgress, sink: BatchSink, guided: bool):
     """On devices that run eagerly, images that are done leave the batch so they stop costing work: their
-    heat maps and counters are recorded, and the state of the others is returned (None when nobody is done
-    or everybody is). Kept images are returned as local indices of the old state."""
+    heat maps and counters are recorded, the state of the others is returned (None when nobody is done or
+    everybody is) and the old state is released (its cache size counted first); `progress` follows the kept
+    images, which are returned as local indices of the old state."""
     finished = progress.finished()
     if not finished or len(finished) == len(progress.done):
         return None, None
     record_images(state, progress, finished, sink)
     keep = [g for g in range(len(progress.done)) if g not in finished]
-    return state.select(keep, guided), keep
+    smaller = state.select(keep, guided)
+    sink.tally.cache_bytes = max(sink.tally.cache_bytes, state.nbytes)
+    state.release()
+    progress.keep(keep)
+    return smaller, keep
 
 
 def record_images(state, progress: BatchProgress, local: list[int], sink: BatchSink) -> None:
@@ -575,12 +580,9 @@ def _decode_batch(model: ImageTransformer, drafter: EagleDrafter, spec: Speculat
             sink.report(progress.total)
             smaller, keep = retire_finished(state, progress, sink, guided) if layout.exact else (None, None)
             if smaller is not None:
-                tally.cache_bytes = max(tally.cache_bytes, state.nbytes)
-                state.release()
                 state, shape = smaller, replace(shape, rows=smaller.length.shape[0])
                 step_runner = eager_tree_runner(model, drafter, shape, plan, dist, state)
                 generators = [generators[g] for g in keep]
-                progress.keep(keep)
         record_images(state, progress, list(range(len(progress.images))), sink)
         tally.add_totals(state)
     finally:

@@ -29,7 +29,7 @@ import torch
 from .checkpoint_io import read_checkpoint, read_json_object, write_safetensors
 from .checkpoints import build_on_meta, config_from_metadata, load_state_strict, strip_prefixes
 from ..config import HEADS_BY_DIM, PREFIX_STATES, DrafterConfig, GPTConfig
-from ..errors import CheckpointError, ConfigError, LanternError, shown
+from ..errors import CheckpointError, ConfigError, LanternError
 from ..models.drafter import EagleDrafter
 from ..models.rope import interleave_head_norm, permute_rotate_half, unpermute_rotate_half
 
@@ -174,12 +174,11 @@ def infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta
     except (TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as exc:  # odd config.json values
         raise CheckpointError(path, "a drafter config.json with integer sizes and numeric rope_theta / rms_norm_eps",
                               f"a value that cannot be used ({type(exc).__name__}: {exc})", DRAFTER_FIX) from exc
-    states = prefix_convention(hf, config)
-    if not isinstance(states, str) or states not in PREFIX_STATES:
-        raise CheckpointError(path, f"config.json's lantern.prefix_states to be one of {PREFIX_STATES}", repr(shown(states)),
-                              "write \"native\" for drafters trained with this pack, \"hf_port\" for LANTERN's "
-                              "released LlamaGen-T2I drafters (see the README's drafter section)")
-    return replace(config, prefix_states=states)
+    try:  # DrafterConfig checks the value
+        return replace(config, prefix_states=prefix_convention(hf, config))
+    except ConfigError as exc:
+        raise CheckpointError(path, f"config.json's lantern.prefix_states to be one of {PREFIX_STATES}", str(exc),
+                              "see the README's section on prefix states") from exc
 
 
 def prefix_convention(hf: dict, config: DrafterConfig) -> str:

@@ -124,7 +124,7 @@ def hf_port_drafter(drafter, features: torch.Tensor, tokens: torch.Tensor) -> to
 
 def session_after_prefill(model, drafter, condition: Condition):
     """Our decode path up to the drafter's prefix: prefill, the features in the drafter's convention, one
-    `consume`. Returns (prefill hidden, drafter features, session)."""
+    `consume`. Returns (prefix, prefill hidden, drafter features, session, the drafter's fed tokens)."""
     prefix = build_prefix(model, condition, guided=True)
     rows, T = prefix.key_valid.shape
     slots = T + 8
