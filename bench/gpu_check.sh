@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU check in one run (~8 minutes on one H200): `make test-cuda`, then each `make bench-cuda` part
+# The whole GPU check in one run (~9 minutes on one H200): `make test-cuda`, then each `make bench-cuda` part
 # under its own timeout. Every log and report is copied to $OUT as soon as it exists, so a part that is killed
 # loses nothing of the others. Uses the machine's own python3 (PY=... to change it); no venv needed.
 #   OUT=/tmp/gpu bash bench/gpu_check.sh
@@ -24,3 +24,4 @@ step iteration_cost 90 $PY -m lantern_core.benchmarks.iteration_cost --device cu
 step speculative 65 $PY -m lantern_core.benchmarks.speculative --device cuda --dtype bfloat16 --images 8 --out bench/results
 step batched 70 $PY -m lantern_core.benchmarks.batched --device cuda --dtype bfloat16 --images 8 --out bench/results
 step families 70 $PY -m lantern_core.benchmarks.families --device cuda --dtype bfloat16 --images 1 --out bench/results
+step prefix_states 40 $PY -m lantern_core.benchmarks.prefix_states --device cuda --dtype bfloat16 --model GPT-XL --repeats 2 --out bench/results

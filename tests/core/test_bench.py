@@ -38,3 +38,13 @@ def test_iteration_cost_times_every_mode_next_to_an_ar_step():
     report.update(bench.machine_info(torch.device("cpu")), dtype="float32")
     text = markdown(report)
     assert all(r["mode"] in text for r in rows) and "failed" not in text
+
+
+def test_prefix_states_bench_times_both_conventions_on_a_tiny_t2i_model():
+    from lantern_core.benchmarks.prefix_states import markdown, run
+    from tiny_models import TINY_T2I
+
+    report = run(TINY_T2I, "tiny", torch.device("cpu"), torch.float32, repeats=1, real_tokens=2)
+    assert set(report["medians"]) == {"native", "hf_port"} and report["caption_tokens"] == 6
+    assert all(m["wall_s"] > 0 and m["prefill_s"] > 0 for m in report["medians"].values())
+    assert report["wall_ratio"] > 0 and "| hf_port |" in markdown(report)
