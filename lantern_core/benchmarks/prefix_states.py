@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(config, args.model, device, dtype, args.repeats)
     stem = f"prefix_states_{device.type}_{args.dtype}"
     write_report(args.out, stem, report, markdown(report))
-    print(markdown(report))
+    log.info("\n%s", markdown(report))
     return 0
 
 
