@@ -463,6 +463,47 @@ def record_images(state, progress: BatchProgress, local: list[int], sink: BatchS
     tally.add_images(state, local, images)
 
 
+def draftable_codes(config) -> int:
+    """The image codes a draft can choose between at one position: the vocabulary, less Lumina-mGPT's
+    end-of-row code (`config.row_end`, the last code), which is forced at the end of every row and refused
+    everywhere else (`layout.constrain`), so no node has more than vocab_size - 1 children worth drafting."""
+    return config.vocab_size - int(config.row_end)
+
+
+def check_tree_fits(spec: SpeculativeConfig, config) -> None:
+    """Refuse, before any forward, a tree that drafts more children under one node than the target `config`
+    has codes a draft can pick (children are drawn without replacement from the vocabulary: a static tree's
+    widest node, EAGLE-2's top_k per expanded node), and a relaxation reading more latent neighbours than
+    there are other codes. The error names the tree, its widest node's child count and the vocabulary size,
+    and the fix. Reads settings only, no tensor; trees of at most that many children per node run (children
+    a top-k / top-p filter leaves no mass for are drawn last and never accepted)."""
+    V = draftable_codes(config)
+    codes = f"{V} image codes a draft can pick" + (
+        f": {config.vocab_size} less the forced end-of-row code" if config.row_end else "")
+    if spec.tree == "dynamic":
+        d = spec.dynamic
+        if d.top_k > V:
+            nodes = min(d.nodes, V + (d.depth - 1) * V ** 2)
+            raise ConfigError(f"dynamic tree 'eagle2 d{d.depth} k{d.top_k} n{d.nodes}'",
+                              f"a top_k of at most {V} children per node (the vocabulary size, {codes})",
+                              f"top_k {d.top_k}: {d.top_k} children under every expanded node",
+                              f"lower eagle_top_k (command line: --eagle-top-k) to at most {V}"
+                              + ("" if nodes == d.nodes else f" and eagle_nodes (--eagle-nodes) to at most {nodes}")
+                              + ", or use a model with a larger vocabulary")
+    elif spec.static_tree.widest > V:
+        tree = spec.static_tree
+        base = " (the base tree of 'auto')" if spec.tree == "auto" else ""
+        raise ConfigError(f"tree '{tree.name}'{base}",
+                          f"at most {V} children under any node (the vocabulary size, {codes})",
+                          f"{tree.widest} children under its widest node",
+                          f"choose a narrower tree (at most {V} children per node, e.g. tree 'chain' or a "
+                          "'custom' tree) or a model with a larger vocabulary")
+    k = spec.relaxation.k if spec.relaxation is not None else 0
+    if k > V - 1:
+        raise ConfigError("lantern_k", f"at most {V - 1} latent neighbours per token (the {V} codes less the "
+                          "token itself)", k, f"lower lantern_k (command line: --k) to at most {V - 1}")
+
+
 def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """The neighbour table on `device` when the acceptance reads k > 0 neighbours, else None."""
     if k == 0:
@@ -482,7 +523,8 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
     generator i (`make_generators`: seed + i). `neighbors` (V, >= k) is needed for relaxation. `compile`
     "auto" replays each iteration from a CUDA graph on CUDA (`tree_step.py`); "off" runs eagerly. `on_step`
     gets the tokens done by the whole batch, out of B x N, and the (B, N) tokens (-1 past each image's
-    progress)."""
+    progress). A tree wider than the vocabulary raises ConfigError before any forward (`check_tree_fits`)."""
+    check_tree_fits(spec, model.config)
     neighbors = extend_neighbors(model.config, check_neighbors(spec.relaxation.k if spec.relaxation else 0, neighbors,
                                 model.tok_embeddings.weight.device))
     start = time.perf_counter()

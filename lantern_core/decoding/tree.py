@@ -43,6 +43,11 @@ class TreeSpec:
     def depth(self) -> int:
         return max(len(p) for p in self.paths)
 
+    @property
+    def widest(self) -> int:
+        """Most children under one node, the root included (ranks have no gaps: the largest rank + 1)."""
+        return max(p[-1] for p in self.paths) + 1
+
     def nodes_per_depth(self) -> list[int]:
         return [sum(1 for p in self.paths if len(p) == d) for d in range(1, self.depth + 1)]
 
