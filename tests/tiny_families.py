@@ -74,7 +74,8 @@ LUMINA_SPECIALS = ["<reserved08799>"] + [f"<reserved{8800 + i:05d}>" for i in ra
 def save_chameleon_folder(folder: Path, swin_norm: bool = False, seed: int = 0, text_vocab: int = 96,
                           lumina: bool = False):
     """A transformers ChameleonForConditionalGeneration (QK-norm, GQA) in `folder`; returns the model.
-    `lumina`: Lumina-mGPT's vocabulary (end-of-row and size tokens) and architectures name."""
+    `lumina`: Lumina-mGPT's vocabulary (end-of-row and size tokens) and config (architectures name and
+    z_loss_weight, as Alpha-VLLM's ChameleonXLLMX code writes it)."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     vocab = chameleon_vocab(seed)
@@ -91,9 +92,10 @@ def save_chameleon_folder(folder: Path, swin_norm: bool = False, seed: int = 0, 
     _randomise(model, seed)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
-    if lumina:  # Alpha-VLLM's release names its own class
+    if lumina:  # Alpha-VLLM's release names its own class, whose config class adds z_loss_weight
         cfg = json.loads((folder / "config.json").read_text())
         cfg["architectures"] = ["ChameleonXLLMXForConditionalGeneration"]
+        cfg["z_loss_weight"] = 1e-5
         (folder / "config.json").write_text(json.dumps(cfg))
     specials = [n for n in vocab if n.startswith("<")]
     write_tokenizer(folder / "tokenizer.json", vocab, specials)
@@ -137,15 +139,16 @@ def save_chameleon_vqgan(path: Path, seed: int = 4):
     return source, sd
 
 
-def save_janus_folder(folder: Path, seed: int = 0, grid: int = 4):
-    """A transformers JanusForConditionalGeneration (Llama LM, GQA, VQ-16-style tokenizer) in `folder`."""
+def save_janus_folder(folder: Path, seed: int = 0, grid: int = 4, kv_heads: int = 2):
+    """A transformers JanusForConditionalGeneration (Llama LM, 4 heads, `kv_heads` key/value heads (GQA by
+    default; 4 for plain attention, as Janus-Pro), VQ-16-style tokenizer) in `folder`."""
     from transformers import JanusConfig, JanusForConditionalGeneration
 
     vocab = janus_vocab()
     text_vocab = 48
     config = JanusConfig(
         text_config=dict(model_type="llama", vocab_size=text_vocab, hidden_size=64, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads,
                          max_position_embeddings=512, bos_token_id=0, pad_token_id=2),
         vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16 * grid,
                            patch_size=16, projection_dim=64, num_image_tokens=grid * grid),
@@ -161,9 +164,61 @@ def save_janus_folder(folder: Path, seed: int = 0, grid: int = 4):
     return model
 
 
-def save_deepseek_janus_folder(folder: Path, reference, seed_config: dict | None = None) -> None:
+# Janus-Pro-7B's published language_config, every field of it: DeepSeek's loader builds
+# transformers.LlamaConfig(**language_config), so its width, heads and FFN size are LlamaConfig's defaults
+JANUS_PRO_7B_LANGUAGE_CONFIG = {"max_position_embeddings": 16384, "model_type": "llama", "num_hidden_layers": 30,
+                                "torch_dtype": "bfloat16", "vocab_size": 102400}
+# the fields of Janus-Pro-1B's published language_config (hidden 2048, 24 layers, 16 heads, intermediate
+# 5632): sizes spelled out, but no num_key_value_heads, rms_norm_eps or rope_theta
+JANUS_PRO_1B_LANGUAGE_FIELDS = ("hidden_size", "intermediate_size", "max_position_embeddings", "model_type",
+                                "num_attention_heads", "num_hidden_layers", "torch_dtype", "vocab_size")
+
+
+def janus_1b_style_language_config(reference) -> dict:
+    """`reference`'s (a tiny transformers Janus) sizes under exactly Janus-Pro-1B's language_config fields."""
+    text = reference.config.text_config
+    values = {"max_position_embeddings": 16384, "model_type": "llama", "torch_dtype": "bfloat16"}
+    values.update({k: getattr(text, k) for k in JANUS_PRO_1B_LANGUAGE_FIELDS if k not in values})
+    return {k: values[k] for k in JANUS_PRO_1B_LANGUAGE_FIELDS}
+
+
+def deepseek_janus_config(language_config: dict, codes: int = IMAGE_CODES, embed_dim: int = 8, width: int = 64,
+                          head_embed: int = 64) -> dict:
+    """A config.json with the top-level structure of DeepSeek's published Janus-Pro ones (aligner_config,
+    architectures, gen_aligner_config, gen_head_config, gen_vision_config, language_config, model_type,
+    torch_dtype, transformers_version, vision_config), `language_config` written as given; `codes`,
+    `embed_dim`, `width` (the LM's hidden size) and `head_embed` size the generation sections."""
+    return {
+        "aligner_config": {"cls": "MlpProjector", "model_type": "aligner",
+                           "params": {"depth": 2, "input_dim": 1024, "n_embed": width, "projector_type": "mlp_gelu"}},
+        "architectures": ["MultiModalityCausalLM"],
+        "gen_aligner_config": {"cls": "MlpProjector", "model_type": "gen_aligner",
+                               "params": {"depth": 2, "input_dim": embed_dim, "n_embed": width,
+                                          "projector_type": "mlp_gelu"}},
+        "gen_head_config": {"cls": "vision_head", "model_type": "gen_head",
+                            "params": {"image_token_embed": head_embed, "image_token_size": codes, "n_embed": width}},
+        "gen_vision_config": {"cls": "VQ-16", "model_type": "gen_vision",
+                              "params": {"image_token_size": codes, "n_embed": embed_dim}},
+        "language_config": dict(language_config),
+        "model_type": "multi_modality",
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.33.1",
+        "vision_config": {"cls": "CLIPVisionTower", "model_type": "vision",
+                          "params": {"image_size": 384, "model_name": "siglip_large_patch16_384",
+                                     "select_feature": "same", "select_layer": -1}},
+    }
+
+
+def janus_pro_7b_config() -> dict:
+    """Janus-Pro-7B's config.json field set: its published language_config and generation sections
+    (16,384 codes of width 8, a 4,096-wide LM)."""
+    return deepseek_janus_config(JANUS_PRO_7B_LANGUAGE_CONFIG, codes=16384, embed_dim=8, width=4096, head_embed=4096)
+
+
+def save_deepseek_janus_folder(folder: Path, reference, language_config: dict | None = None) -> None:
     """The same Janus weights in DeepSeek's original layout (`language_model.model.*`, `gen_embed`,
-    `gen_aligner.layers.{0,2}`, `gen_head.*`, `gen_vision_model.*` with LlamaGen VQ names) and config."""
+    `gen_aligner.layers.{0,2}`, `gen_head.*`, `gen_vision_model.*` with LlamaGen VQ names) and config
+    (`deepseek_janus_config`); `language_config` replaces the default one, which names every size."""
     from safetensors.torch import save_file
 
     renames = [("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."),
@@ -188,20 +243,14 @@ def save_deepseek_janus_folder(folder: Path, reference, seed_config: dict | None
     save_file({k: v.clone().contiguous() for k, v in out.items()}, str(folder / "model.safetensors"))
     text = reference.config.text_config
     vq = reference.config.vq_config
-    config = {"model_type": "multi_modality",
-              "language_config": {"hidden_size": text.hidden_size, "num_hidden_layers": text.num_hidden_layers,
-                                  "num_attention_heads": text.num_attention_heads,
-                                  "num_key_value_heads": text.num_key_value_heads,
-                                  "intermediate_size": text.intermediate_size, "vocab_size": text.vocab_size,
-                                  "rms_norm_eps": text.rms_norm_eps},
-              "gen_aligner_config": {"cls": "MlpProjector", "params": {"depth": 2, "input_dim": vq.embed_dim,
-                                                                       "n_embed": vq.projection_dim,
-                                                                       "projector_type": "mlp_gelu"}},
-              "gen_head_config": {"cls": "vision_head", "params": {"image_token_embed": vq.image_token_embed_dim,
-                                                                   "image_token_size": vq.num_embeddings,
-                                                                   "n_embed": vq.projection_dim}},
-              "gen_vision_config": {"cls": "VQ-16", "params": {"image_token_size": vq.num_embeddings,
-                                                              "n_embed": vq.embed_dim}}}
+    if language_config is None:
+        language_config = {"hidden_size": text.hidden_size, "num_hidden_layers": text.num_hidden_layers,
+                           "num_attention_heads": text.num_attention_heads,
+                           "num_key_value_heads": text.num_key_value_heads,
+                           "intermediate_size": text.intermediate_size, "vocab_size": text.vocab_size,
+                           "rms_norm_eps": text.rms_norm_eps}
+    config = deepseek_janus_config(language_config, codes=vq.num_embeddings, embed_dim=vq.embed_dim,
+                                   width=vq.projection_dim, head_embed=vq.image_token_embed_dim)
     (folder / "config.json").write_text(json.dumps(config))
     write_tokenizer(folder / "tokenizer.json", janus_vocab(), [n for n in janus_vocab() if n.startswith("<")])
 

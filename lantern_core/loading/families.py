@@ -1,11 +1,24 @@
 """Loading a prompted-family model folder offline: Chameleon (Anole-7b, Lumina-mGPT) and Janus-Pro.
 
 A folder is recognised from its `config.json` (`model_type` "chameleon", "janus" (transformers'
-conversion) or "multi_modality" (DeepSeek's original Janus-Pro release)); a Chameleon folder is
-Lumina-mGPT when its architectures name ChameleonXLLMX (Alpha-VLLM's release) or its folder name
-contains "lumina": its images end every row with a forced end-of-row token (`layout.py`), its prompt is
-its own template with size tokens (`prompts.lumina_format`) and it draws 768 px by default; its weights are read from
-`model.safetensors` or sharded `model-*.safetensors` (+ index), `.bin` only through
+conversion) or "multi_modality" (DeepSeek's original Janus-Pro release)), never from its name (a hub
+cache names a snapshot by its commit hash). A Chameleon folder is Lumina-mGPT when its config.json was
+written by Alpha-VLLM's ChameleonXLLMX code: `architectures` names a ChameleonXLLMX class, or the config
+carries `z_loss_weight`, the one field that code's config class adds to Chameleon's (`is_lumina`);
+Anole's transformers config has neither. Lumina's images end every row with a forced end-of-row token
+(`layout.py`), its prompt is its own template with size tokens (`prompts.lumina_format`) and it draws
+768 px by default.
+
+Decoder sizes come from the config: Chameleon's top level, transformers' Janus `text_config`, DeepSeek's
+`language_config`. DeepSeek's own loader builds `LlamaConfig(**language_config)`, and its published
+Janus-Pro-7B language_config names only the layer count and vocabulary, so for that layout a size the
+config leaves out takes transformers' LlamaConfig default (`LLAMA_DEFAULTS`: hidden 4096, 32 heads,
+as many key/value heads, intermediate 11008, eps 1e-6, RoPE base 10000), says so in the load notes, and
+the weights' shapes are checked against those sizes before anything is built. The other layouts keep
+requiring their sizes (their configs always carry them). A value that is present but invalid is an error
+naming the field.
+
+Weights are read from `model.safetensors` or sharded `model-*.safetensors` (+ index), `.bin` only through
 `torch.load(weights_only=True)`. The tokenizer is the folder's `tokenizer.json` (or Chameleon's
 `text_tokenizer.json`), read by the `tokenizers` library. The image tokenizer comes from the same
 checkpoint for Janus, and from Chameleon's VQGAN file (`vqgan.safetensors` or `vqgan.ckpt`, in the
@@ -15,6 +28,7 @@ Weight renaming is `family_io.py`; model code is the shared trunk (`models/promp
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +37,7 @@ import torch
 from .checkpoint_io import read_checkpoint, read_json_object
 from .checkpoints import build_on_meta, check_layer_count, infer_vq_config, load_state_strict, read_hf_folder
 from ..config import GPTConfig
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, shown
 from .family_io import chameleon_state, janus_state, taming_to_ours
 from ..models.prompted import PromptedImageLM
 from ..models.vq import VQModel
@@ -97,28 +111,74 @@ def family_of(path: str | Path) -> str | None:
 
 
 def is_lumina(folder: Path, cfg: dict) -> bool:
-    """Lumina-mGPT among Chameleon folders: ChameleonXLLMX architectures or 'lumina' in the folder name."""
+    """Lumina-mGPT among Chameleon folders, from its config.json (`cfg`) alone: Alpha-VLLM's ChameleonXLLMX
+    code wrote it (architectures name ChameleonXLLMX..., or its config class's own `z_loss_weight` field is
+    there). The folder's name plays no part (`folder` is kept for callers): a hub-cache snapshot is named by
+    a hash, and a copy named "lumina-..." may hold Anole."""
     names = cfg.get("architectures")
     names = names if isinstance(names, list) else []
-    return any(isinstance(a, str) and "XLLMX" in a for a in names) or "lumina" in folder.name.lower()
+    return any(isinstance(a, str) and "ChameleonXLLMX" in a for a in names) or "z_loss_weight" in cfg
 
 
-def _rope_theta(cfg: dict) -> float:
+# transformers.LlamaConfig's defaults: what DeepSeek's Janus loader (`LlamaConfig(**language_config)`) gets for a
+# field its config.json leaves out; num_key_value_heads defaults to num_attention_heads
+LLAMA_DEFAULTS = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 11008,
+                  "vocab_size": 32000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+
+
+def llama_defaults(text: dict) -> dict[str, int | float]:
+    """The decoder fields a DeepSeek-layout `language_config` leaves out, with the LlamaConfig defaults
+    DeepSeek's loader takes for them ({} when it names every one)."""
+    out = {k: v for k, v in LLAMA_DEFAULTS.items() if k not in text and k != "rope_theta"}
+    if not any("rope_theta" in params for params in (section(text, "rope_parameters"), section(text, "rope_scaling"),
+                                                     text)):
+        out["rope_theta"] = LLAMA_DEFAULTS["rope_theta"]
+    if text.get("num_key_value_heads") is None:  # LlamaConfig: None -> num_attention_heads
+        out["num_key_value_heads"] = text.get("num_attention_heads", out.get("num_attention_heads"))
+    return out
+
+
+def defaults_note(where: str, defaults: dict) -> str:
+    """The load note naming the fields `where` left out and the Llama defaults taken for them."""
+    values = ", ".join(f"{k} {v}" + (" (= num_attention_heads)" if k == "num_key_value_heads" else "")
+                       for k, v in defaults.items())
+    return (f"{where} has no {', '.join(defaults)}: took Llama's defaults, as DeepSeek's loader "
+            f"(transformers.LlamaConfig) does: {values}")
+
+
+def _rope_theta(cfg: dict, where: str) -> float:
     params = section(cfg, "rope_parameters") or section(cfg, "rope_scaling")
-    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if "rope_theta" in params:
+        return _positive(params["rope_theta"], f"{where}.rope_parameters.rope_theta")
+    return _positive(cfg.get("rope_theta", 10000.0), f"{where}.rope_theta")
+
+
+def _positive(value: object, name: str, integer: bool = False) -> int | float:
+    """A positive number (an integer when `integer`) read from a config field; a ConfigError naming it."""
+    kind = "a positive integer" if integer else "a positive number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf") \
+            or (integer and value != int(value)):
+        raise ConfigError(name, kind, shown(value))
+    return int(value) if integer else float(value)
 
 
 def _decoder_shape(cfg: dict, where: str) -> dict:
-    """Shared fields of an HF Llama / Chameleon config (`where` names it in errors)."""
-    try:
-        heads = int(cfg["num_attention_heads"])
-        shape = dict(dim=int(cfg["hidden_size"]), n_layer=int(cfg["num_hidden_layers"]), n_head=heads,
-                     n_kv_head=int(cfg.get("num_key_value_heads") or heads), ffn_dim=int(cfg["intermediate_size"]),
-                     text_vocab_size=int(cfg["vocab_size"]), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                     rope_base=_rope_theta(cfg))
-    except (KeyError, TypeError, ValueError, OverflowError) as exc:
-        raise ConfigError(where, "hidden_size, num_hidden_layers, num_attention_heads, intermediate_size and "
-                          "vocab_size", f"missing or invalid {exc}") from exc
+    """Shared fields of an HF Llama / Chameleon config (`where` names it in errors): the sizes are required
+    (missing or invalid: a ConfigError naming the field); num_key_value_heads defaults to the head count,
+    rms_norm_eps to 1e-6 and the RoPE base to 10000."""
+    def size(name: str) -> int:
+        if cfg.get(name) is None:
+            raise ConfigError(f"{where}.{name}", "a positive integer (the model's size)",
+                              "no such field" if name not in cfg else None, "re-download config.json with the model")
+        return _positive(cfg[name], f"{where}.{name}", integer=True)
+
+    heads = size("num_attention_heads")
+    kv_heads = cfg.get("num_key_value_heads")
+    shape = dict(dim=size("hidden_size"), n_layer=size("num_hidden_layers"), n_head=heads,
+                 n_kv_head=heads if kv_heads is None else _positive(kv_heads, f"{where}.num_key_value_heads", True),
+                 ffn_dim=size("intermediate_size"), text_vocab_size=size("vocab_size"),
+                 norm_eps=_positive(cfg.get("rms_norm_eps", 1e-6), f"{where}.rms_norm_eps"),
+                 rope_base=_rope_theta(cfg, where))
     for flag in ("attention_bias", "mlp_bias"):
         if cfg.get(flag):
             raise ConfigError(f"{where}.{flag}", "false (no biases, as every released checkpoint)", cfg[flag])
@@ -135,20 +195,63 @@ def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = Fals
 
 
 def janus_config(cfg: dict, layout: str, grid: int, max_prompt: int) -> GPTConfig:
+    """Janus-Pro in transformers' layout (`text_config`, every size required) or DeepSeek's
+    (`language_config`; a size it leaves out is LlamaConfig's default, as DeepSeek's loader: `llama_defaults`)."""
     if layout == "hf-janus":
-        text, vq = section(cfg, "text_config"), section(cfg, "vq_config")
+        text, where, vq = section(cfg, "text_config"), "config.json text_config", section(cfg, "vq_config")
         codes, embed = vq.get("num_embeddings", 16384), vq.get("embed_dim", 8)
     else:  # DeepSeek: language_config + gen_*_config {"params": {...}}
-        text = section(cfg, "language_config")
+        text, where = section(cfg, "language_config"), "config.json language_config"
+        text = {**text, **llama_defaults(text)}
         head = section(cfg, "gen_head_config", "params")
         aligner = section(cfg, "gen_aligner_config", "params")
         codes, embed = head.get("image_token_size", 16384), aligner.get("input_dim", 8)
         if aligner.get("depth", 2) != 2:
             raise ConfigError("config.json gen_aligner_config.depth", "2 (every Janus-Pro release)", aligner["depth"])
-    return GPTConfig(**_decoder_shape(text, "config.json text/language config"),
+    return GPTConfig(**_decoder_shape(text, where),
                      vocab_size=_integer(codes, "config.json image codebook size"), model_type="prompt",
                      family="janus", rope_dims=1, grid_size=grid, cls_token_num=max_prompt,
                      image_embed_dim=_integer(embed, "config.json image embedding width"))
+
+
+def check_deepseek_shapes(folder: Path, tensors: dict[str, torch.Tensor], config: GPTConfig,
+                          defaults: dict) -> None:
+    """DeepSeek-layout language-model weights against the config's sizes, before anything is built: the
+    embedding (vocab_size, hidden_size), layer 0's k_proj (num_key_value_heads x head width, hidden_size)
+    and gate_proj (intermediate_size, hidden_size), and the layer count. A mismatch names the tensor and the
+    field, and says when the size was not in config.json but Llama's default (`defaults`)."""
+    prefix = "language_model.model."
+    values = {"vocab_size": config.text_vocab_size, "hidden_size": config.dim, "intermediate_size": config.ffn_dim,
+              "num_key_value_heads": config.n_kv_head, "num_attention_heads": config.n_head,
+              "num_hidden_layers": config.n_layer}
+
+    def told(name: str) -> str:
+        if name in defaults:
+            return (f"{name} {values[name]}: config.json language_config has none, so Llama's default, as "
+                    "DeepSeek's loader uses")
+        return f"{name} {values[name]} from config.json language_config"
+
+    fix = ("write the model's sizes (hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, "
+           "num_hidden_layers, vocab_size) into config.json language_config" if defaults else
+           "config.json and the weights come from different models: download the folder again")
+    rows = {"embed_tokens.weight": (config.text_vocab_size, "vocab_size"),
+            "layers.0.self_attn.k_proj.weight": (config.n_kv_head * config.head_dim, "num_key_value_heads"),
+            "layers.0.mlp.gate_proj.weight": (config.ffn_dim, "intermediate_size")}
+    for name, (want_rows, row_field) in rows.items():
+        tensor = tensors.get(prefix + name)
+        if tensor is None or tensor.dim() != 2:
+            continue  # absent or odd: the strict load reports it with every other key
+        wrong = [f for f, found, want in ((row_field, tensor.shape[0], want_rows),
+                                          ("hidden_size", tensor.shape[1], config.dim)) if found != want]
+        if "num_key_value_heads" in wrong:
+            wrong.append("num_attention_heads")  # the head width is hidden_size / num_attention_heads
+        if wrong:
+            raise CheckpointError(folder, f"{prefix}{name} of shape {(want_rows, config.dim)} ("
+                                  + "; ".join(told(f) for f in wrong) + ")", f"shape {tuple(tensor.shape)}", fix)
+    layers = {int(m.group(1)) for k in tensors if (m := re.match(re.escape(prefix) + r"layers\.(\d+)\.", k))}
+    if layers and layers != set(range(config.n_layer)):
+        raise CheckpointError(folder, f"{prefix}layers.0 .. {config.n_layer - 1} ({told('num_hidden_layers')})",
+                              f"{len(layers)} layers in the weights", fix)
 
 
 def _integer(value: object, name: str) -> int:
@@ -248,6 +351,7 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
                 or DEFAULT_GRID["lumina" if lumina else family])
         config = (chameleon_config(cfg, grid, max_prompt_tokens, row_end=lumina) if family == "chameleon"
                   else janus_config(cfg, layout, grid, max_prompt_tokens))
+        defaults = llama_defaults(section(cfg, "language_config")) if layout == "deepseek-janus" else {}
     except ConfigError as exc:
         raise CheckpointError(folder / "config.json", "a consistent model configuration", str(exc), FIX) from exc
     tokenizer_path = find_file(folder, TOKENIZER_NAMES)
@@ -255,7 +359,11 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
         raise CheckpointError(folder, f"a tokenizer file ({' or '.join(TOKENIZER_NAMES)})", "none",
                               "copy the tokenizer from the model's download into this folder")
     tokenizer = load_tokenizer(tokenizer_path)
+    if defaults:
+        notes.append(defaults_note("config.json language_config", defaults))
     tensors, _ = read_hf_folder(folder)
+    if layout == "deepseek-janus":
+        check_deepseek_shapes(folder, tensors, config, defaults)
     if family == "chameleon":
         token_ids = chameleon_image_token_ids(tokenizer, config.vocab_size - int(lumina), tokenizer_path)
         if lumina:  # the end-of-row token is the last image code

@@ -1,5 +1,6 @@
 """Lumina-mGPT on the shared Chameleon trunk: a tiny Chameleon folder written by transformers with
-Lumina's vocabulary and architectures name loads as Lumina (end-of-row token as the last image code,
+Lumina's vocabulary and config (recognised from config.json, never from the folder's name) loads as
+Lumina (end-of-row token as the last image code,
 size tokens in the prompt, image-start-triggered unconditional row); greedy images equal a reference
 loop that follows Lumina's generator step by step (CFG on raw logits, forced end-of-row tokens, non-image
 tokens suppressed) over transformers' own model; every decoder keeps the row layout when sampling."""
@@ -47,7 +48,34 @@ def test_lumina_folder_is_recognised_with_its_layout_and_prompt(lumina):
     assert cond.uncond_ids[0][cond.uncond_mask[0]].tolist() == [start, size, size]  # no BOS
     text = loaded.encoder.format.template.format(prompt="x")
     assert text.startswith("Generate an image of 64x64 according to the following prompt:\n")
-    assert is_lumina(folder.parent / "Lumina-mGPT-7B-768", {}) and not is_lumina(folder.parent / "Anole-7b", {})
+    assert not is_lumina(folder.parent / "Lumina-mGPT-7B-768", {})  # a folder's name is no evidence
+
+
+def test_lumina_is_recognised_from_its_files_not_its_folder_name(tmp_path):
+    """A hub-cache snapshot is named by a commit hash: Lumina there loads as Lumina, from its config.json
+    (ChameleonXLLMX architectures, or the z_loss_weight field that Alpha-VLLM's config class writes, which
+    stays when someone renames the architectures to transformers' class); Anole in a folder named
+    "lumina-mgpt" loads as Anole."""
+    import json
+
+    published = {"architectures": ["ChameleonXLLMXForConditionalGeneration"], "model_type": "chameleon"}
+    anole = {"architectures": ["ChameleonForConditionalGeneration"], "model_type": "chameleon"}  # leloy/Anole-7b
+    assert is_lumina(tmp_path, published) and not is_lumina(tmp_path / "Lumina-mGPT-7B-768", anole)
+    assert is_lumina(tmp_path, {**anole, "z_loss_weight": 1e-5})
+    snapshot = tmp_path / "models--Alpha-VLLM--Lumina-mGPT-7B-768" / "snapshots"
+    snapshot = snapshot / "4f1c0e9b2d7a63e5c8f1a0b4d6e2c9f7a1b3d5e8"
+    save_chameleon_folder(snapshot, seed=12, lumina=True)
+    assert load_prompted(snapshot, grid_size=GRID).source_format == "hf-lumina"
+    cfg = json.loads((snapshot / "config.json").read_text())
+    cfg["architectures"] = ["ChameleonForConditionalGeneration"]
+    (snapshot / "config.json").write_text(json.dumps(cfg))
+    renamed = load_prompted(snapshot, grid_size=GRID)
+    assert renamed.source_format == "hf-lumina" and renamed.config.row_end
+    copy = tmp_path / "lumina-mgpt"
+    save_chameleon_folder(copy, seed=3)
+    loaded = load_prompted(copy, grid_size=GRID)
+    assert loaded.source_format == "hf-chameleon" and not loaded.config.row_end
+    assert "Generate an image" not in loaded.encoder.format.template.format(prompt="x")  # Anole's template
 
 
 def reference_greedy(reference, loaded, prompt: str, cfg: float) -> list[int]:
