@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -50,76 +51,114 @@ def padded_condition(batch: int = 3, seed: int = 9) -> Condition:
     return Condition(caption=caption, caption_mask=mask)
 
 
-# ------------------------------------------------------------------------ reference: transformers' Llama
+# ----------------------------------------------------- reference: LANTERN's HF port, step by step
 
-def hf_layer(block, config: GPTConfig, drafter_layer: bool = False):
-    """transformers' LlamaDecoderLayer (eager attention: scores + additive mask) holding `block`'s weights."""
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    hf = LlamaConfig(hidden_size=config.dim, intermediate_size=config.ffn_dim, num_attention_heads=config.n_head,
-                     num_key_value_heads=config.n_kv_head, rms_norm_eps=config.norm_eps, hidden_act="silu",
-                     attention_bias=False, mlp_bias=False)
-    hf._attn_implementation = "eager"
-    layer = LlamaDecoderLayer(hf, layer_idx=0).eval()
-    q, k, v = block.attention.wqkv.weight.split([config.dim, config.dim, config.dim])
-    with torch.no_grad():
-        for mine, theirs in ((q, layer.self_attn.q_proj), (k, layer.self_attn.k_proj), (v, layer.self_attn.v_proj),
-                             (block.attention.wo.weight, layer.self_attn.o_proj),
-                             (block.feed_forward.w1.weight, layer.mlp.gate_proj),
-                             (block.feed_forward.w3.weight, layer.mlp.up_proj),
-                             (block.feed_forward.w2.weight, layer.mlp.down_proj)):
-            theirs.weight.copy_(mine)
-        layer.post_attention_layernorm.weight.copy_(block.ffn_norm.weight)
-        if drafter_layer:  # LlamaGen's drafter layer has no input norm
-            layer.input_layernorm = torch.nn.Identity()
-        else:
-            layer.input_layernorm.weight.copy_(block.attention_norm.weight)
-    return layer
-
-
-def hf_additive_mask(key_valid: torch.Tensor) -> torch.Tensor:
-    """HF 4.45's 4-D mask: finfo.min above the diagonal, then finfo.min on every padded key column."""
+def lantern_port_mask(key_valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """LANTERN's `_prepare_decoder_attention_mask` (models/kv_variants/modeling_llamagen_kv.py, commit
+    3a56e45) for a run in `dtype`, step by step: `_make_causal_mask` in float32 (a full finfo(float32).min
+    matrix, zeroed where key < query + 1), `_expand_mask` in `dtype` (1 - mask, then finfo(dtype).min where
+    that is nonzero), and their sum (float32 by type promotion). Returns (rows, 1, T, T) float32."""
     rows, T = key_valid.shape
-    low = torch.finfo(torch.float32).min
-    causal = torch.full((T, T), low).triu(1)[None, None].expand(rows, 1, T, T)
-    return causal.masked_fill(~key_valid[:, None, None, :], low)
+    causal = torch.full((T, T), torch.finfo(torch.float32).min)
+    cond = torch.arange(T)
+    causal.masked_fill_(cond < (cond + 1).view(T, 1), 0)
+    causal = causal.to(torch.float32)[None, None].expand(rows, 1, T, T)
+    expanded = key_valid[:, None, None, :].expand(rows, 1, T, T).to(dtype)
+    inverted = 1.0 - expanded
+    padding = inverted.masked_fill(inverted.to(torch.bool), torch.finfo(dtype).min)
+    return padding + causal
 
 
-def hf_port_target(model, embeddings: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
-    """LANTERN's HF port of LlamaGen-T2I over the caption prefill: Llama layers, the additive mask, and
-    LlamaGen's zero RoPE rows on the prefix (cos = sin = 0), then the final RMSNorm."""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+def todays_mask(key_valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The mask this module built before issue 26: finfo(dtype).min on every key a row may not see (a
+    padded row then spreads over every key of the prefill). Kept to show the reference test fails on it."""
+    T = key_valid.shape[1]
+    pos = torch.arange(T)
+    allowed = (pos[None, :] <= pos[:, None])[None] & key_valid[:, None, :]
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
+
+def port_rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LANTERN's LlamaRMSNorm: variance in float32 (here: the reference's compute dtype), weight last."""
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def port_rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """LlamaGen's apply_rotary_emb: x (B, T, H, D), freqs (T, D/2, 2) as (cos, sin) pairs."""
+    xs = x.reshape(*x.shape[:-1], -1, 2)  # (B, T, H, D/2, 2)
+    f = freqs.view(1, xs.shape[1], 1, xs.shape[3], 2).to(x.dtype)
+    out = torch.stack([xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1],
+                       xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]], dim=-1)
+    return out.flatten(3)
+
+
+def port_layer(block, heads: int, eps: float, h: torch.Tensor, mask: torch.Tensor, freqs: torch.Tensor,
+               input_norm: bool = True) -> torch.Tensor:
+    """LANTERN's LlamaDecoderLayer / LlamaAttention (eager: scores / sqrt(d) + mask, softmax, values),
+    holding `block`'s weights, in h's dtype. A LlamaGen drafter layer has no input norm."""
+    B, T, dim = h.shape
+    D = dim // heads
+    weight = lambda p: p.to(h.dtype)  # noqa: E731
+    x = port_rms(h, weight(block.attention_norm.weight), eps) if input_norm else h
+    q, k, v = torch.nn.functional.linear(x, weight(block.attention.wqkv.weight)).split(dim, dim=-1)
+    q, k = (port_rotary(t.view(B, T, heads, D), freqs).transpose(1, 2) for t in (q, k))
+    v = v.view(B, T, heads, D).transpose(1, 2)
+    scores = q @ k.transpose(2, 3) / math.sqrt(D) + mask  # float32 mask: promoted, as in LANTERN
+    attn = torch.softmax(scores, dim=-1) @ v  # (B, H, T, D)
+    h = h + torch.nn.functional.linear(attn.transpose(1, 2).reshape(B, T, dim), weight(block.attention.wo.weight))
+    ff = block.feed_forward
+    x = port_rms(h, weight(block.ffn_norm.weight), eps)
+    gate = torch.nn.functional.linear(x, weight(ff.w1.weight))
+    up = torch.nn.functional.linear(x, weight(ff.w3.weight))
+    return h + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight(ff.w2.weight))
+
+
+def lantern_port_target(model, embeddings: torch.Tensor, key_valid: torch.Tensor, run_dtype: torch.dtype,
+                        mask_builder=lantern_port_mask) -> torch.Tensor:
+    """LANTERN's HF port over the caption prefill for a run in `run_dtype`: its mask built in that dtype's
+    arithmetic, every other operation in float64 (so the comparison does not depend on any CPU's BLAS),
+    the prefix's RoPE rows (zeros: LlamaGen's cls rows), then the final norm. -> (rows, T, dim) float64."""
     c = model.config
-    rows, T, _ = embeddings.shape
-    zeros = torch.zeros(rows, T, c.head_dim)
-    mask = hf_additive_mask(key_valid)
-    h = embeddings
+    T = embeddings.shape[1]
+    mask = mask_builder(key_valid, run_dtype)
+    freqs = model.rope_table[:T].double()
+    assert not freqs.any()  # q = k = 0 on the prefix: every score is exactly 0
+    h = embeddings.double()
     with torch.no_grad():
         for block in model.layers:
-            h = hf_layer(block, c)(h, attention_mask=mask, position_embeddings=(zeros, zeros))
-        norm = LlamaRMSNorm(c.dim, eps=c.norm_eps)
-        norm.weight.copy_(model.norm.weight)
-        return norm(h)
+            h = port_layer(block, c.n_head, c.norm_eps, h, mask, freqs)
+        return port_rms(h, model.norm.weight.double(), c.norm_eps)
 
 
-def hf_port_drafter(drafter, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """LANTERN's LlamaGen drafter over the prefix: fc([emb; feature]) then one Llama layer without input
-    norm, plain causal mask (no padding mask). Its 2-D RoPE is zero on the first T-1 prefix slots and the
-    identity (grid cell (0, 0)) on the last one."""
+def lantern_port_drafter(drafter, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """LANTERN's LlamaGen drafter (cnets_llamagen.Model.forward) over the prefix, in float64: fc([emb;
+    feature]), then one layer without input norm under its own mask: no padding mask (attention_mask
+    None -> all ones), only `_make_causal_mask` in float32. Its 2-D RoPE is zero on the first T-1 prefix
+    slots and the identity (grid cell (0, 0)) on the last one."""
     c = drafter.config
     rows, T, _ = features.shape
-    head = c.dim // c.n_head
-    cos = torch.zeros(rows, T, head)
-    cos[:, -1] = 1.0
-    sin = torch.zeros(rows, T, head)
+    freqs = torch.zeros(T, c.dim // c.n_head // 2, 2, dtype=torch.float64)
+    freqs[-1, :, 0] = 1.0
     with torch.no_grad():
-        h = torch.nn.functional.linear(torch.cat([drafter.embed_tokens(tokens), features], -1),
-                                       drafter.fc.weight, drafter.fc.bias)
-        layer = hf_layer(drafter.layers[0], c.block_config(), drafter_layer=True)
-        return layer(h, attention_mask=hf_additive_mask(torch.ones(rows, T, dtype=torch.bool)),
-                     position_embeddings=(cos, sin))
+        emb = drafter.embed_tokens(tokens).double()
+        h = torch.nn.functional.linear(torch.cat([emb, features.double()], -1), drafter.fc.weight.double(),
+                                       drafter.fc.bias.double())
+        mask = lantern_port_mask(torch.ones(rows, T, dtype=torch.bool), torch.float32)
+        return port_layer(drafter.layers[0], c.n_head, c.norm_eps, h, mask, freqs, input_norm=False)
+
+
+ROUNDINGS_PER_LAYER = 12  # outputs rounded to the run dtype in sequence: norms, projections, RoPE, attention, MLP, residuals
+
+
+def tolerance(dtype: torch.dtype, config: GPTConfig) -> float:
+    """Our run in `dtype` against the float64 reference, as a bound on O(1) values, derived from the dtypes
+    rather than measured on one CPU: each layer rounds about ROUNDINGS_PER_LAYER outputs to the run dtype
+    (eps each) and accumulates two chains of dot products of inner size K in float32 (error ~ eps32 *
+    sqrt(K), a random walk of roundings; CPUs and GPUs accumulate half-precision GEMMs in float32).
+    Tiny t2i model: float32 1.1e-5, bf16 0.19; what the tests tell apart differs by 0.7 or more."""
+    inner = max(config.dim, config.ffn_dim)
+    per_layer = ROUNDINGS_PER_LAYER * torch.finfo(dtype).eps + 2 * torch.finfo(torch.float32).eps * math.sqrt(inner)
+    return config.n_layer * per_layer
 
 
 def session_after_prefill(model, drafter, condition: Condition):
@@ -139,22 +178,73 @@ def session_after_prefill(model, drafter, condition: Condition):
     return prefix, hidden, feats, session, fed
 
 
-def test_features_and_drafter_output_match_transformers_llama_with_an_additive_mask():
+def run_in(dtype: torch.dtype):
+    """The tiny t2i target and an hf_port drafter in `dtype` (weights made in float32, then cast)."""
     model = random_gpt(TINY_T2I, seed=5)
     drafter = with_states(random_drafter(model, seed=2, std=0.3), "hf_port")
+    return copy.deepcopy(model).to(dtype), drafter.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_features_and_drafter_output_follow_lanterns_mask_arithmetic(dtype, monkeypatch):
+    """The drafter's features and its first prediction over a left-padded caption equal LANTERN's HF
+    port run in the same dtype (its summed float32 causal + `dtype` padding mask), computed in float64;
+    today's mask (finfo.min on every hidden key) and the native convention are far off."""
+    from lantern_core.decoding import prefix_states
+
+    model, drafter = run_in(dtype)
     condition = padded_condition()
     prefix, hidden, feats, session, fed = session_after_prefill(model, drafter, condition)
     valid = prefix.key_valid
     assert (~valid).sum() > 6 and valid.sum(1).min() >= 1
-    reference = hf_port_target(model, prefix.embeddings, valid)
-    torch.testing.assert_close(feats, reference, rtol=1e-5, atol=1e-5)  # every row: padded ones the port's
-    # the padded rows are the uniform mean over the prefill: not what LlamaGen's own forward gives them
-    assert (hidden - reference)[~valid].abs().max() > 0.3
-    port = hf_port_drafter(drafter, reference, fed)[:, -1]  # values O(1): float32 rounding amplified by the layer
-    torch.testing.assert_close(session.root_feature, port, rtol=1e-4, atol=1e-4)
+    tol = tolerance(dtype, TINY_T2I)
+    reference = lantern_port_target(model, prefix.embeddings, valid, dtype)
+    torch.testing.assert_close(feats.double(), reference, rtol=tol, atol=tol)  # every row: padded ones the port's
+    assert (hidden.double() - reference)[~valid].abs().max() > 4 * tol  # LlamaGen's own forward differs
+    port = lantern_port_drafter(drafter, feats, fed)[:, -1]  # on our features, checked just above
+    # the random drafter's outputs reach ~60 and cancel: its error scales with the largest value, not each one
+    scale = port.abs().max().item()
+    dtol = tolerance(dtype, drafter.config.block_config()) * scale  # one layer
+    torch.testing.assert_close(session.root_feature.double(), port, rtol=0, atol=dtol)
     # the same weights in the native convention (padded rows and keys as LlamaGen's) differ from the port
     native = session_after_prefill(model, with_states(drafter, "native"), condition)[3]
-    assert (native.root_feature - session.root_feature).abs().max() > 0.05
+    assert (native.root_feature.double() - port).abs().max() > 4 * dtol
+    # the check fails on the mask this module built before issue 26 (every hidden key at finfo.min)
+    monkeypatch.setattr(prefix_states, "hf_port_mask", todays_mask)
+    _, _, old, old_session, _ = session_after_prefill(model, drafter, condition)
+    assert (old.double() - reference)[~valid].abs().max() > 4 * tol
+    assert (old_session.root_feature.double() - port).abs().max() > 4 * dtol
+
+
+def test_lanterns_mask_depends_on_the_run_dtype():
+    """What LANTERN's arithmetic gives a padded row: float32 -> its padded past keys and every valid key at
+    one value (and -inf on padded future keys); bf16 / fp16 -> its padded past keys alone at the top. So
+    the port's states in half precision are not its float32 states, and ours follow each: fp16 and bf16
+    agree with each other within rounding, and both differ from the float32 states."""
+    valid = padded_condition().caption_mask
+    T = valid.shape[1]
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        mask = lantern_port_mask(valid, dtype)[:, 0]
+        for row in range(valid.shape[0]):
+            for i in range(T):
+                if valid[row, i]:
+                    continue
+                top = mask[row, i] == mask[row, i].max()
+                padded_past = (torch.arange(T) <= i) & ~valid[row]
+                expected = padded_past | valid[row] if dtype == torch.float32 else padded_past
+                assert torch.equal(top, expected), (dtype, row, i)
+    states = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        model, drafter = run_in(dtype)
+        prefix, _, feats, _, _ = session_after_prefill(model, drafter, padded_condition())
+        assert feats.dtype == dtype and torch.isfinite(feats).all()
+        states[dtype] = feats.double()[~prefix.key_valid]
+        reference = lantern_port_target(model, prefix.embeddings, prefix.key_valid, dtype)[~prefix.key_valid]
+        tol = tolerance(dtype, TINY_T2I)
+        torch.testing.assert_close(states[dtype], reference, rtol=tol, atol=tol)
+    half = tolerance(torch.bfloat16, TINY_T2I)
+    torch.testing.assert_close(states[torch.float16], states[torch.bfloat16], rtol=half, atol=half)
+    assert (states[torch.float32] - states[torch.bfloat16]).abs().max() > 4 * half
 
 
 def test_valid_rows_cache_and_image_tokens_are_untouched():
@@ -319,21 +409,6 @@ def test_a_drafter_run_with_the_other_convention_loses_acceptance(tmp_path):
         torch.set_flush_denormal(False)
     assert rates["native", "native"] > rates["native", "hf_port"] + 0.03, rates
     assert rates["hf_port", "hf_port"] > rates["hf_port", "native"] + 0.03, rates
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_gives_the_port_states_too(dtype):
-    """finfo.min of bf16 / fp16 still makes a padded row uniform (its scores are exactly 0 on LlamaGen's
-    prefix): the states follow the float32 ones within the dtype's rounding, with nothing infinite."""
-    model = random_gpt(TINY_T2I, seed=5)
-    drafter = with_states(random_drafter(model, seed=2, std=0.3), "hf_port")
-    condition = padded_condition()
-    prefix, _, full, _, _ = session_after_prefill(model, drafter, condition)
-    half = copy.deepcopy(model).to(dtype)
-    _, _, low, _, _ = session_after_prefill(half, drafter.to(dtype), condition)
-    assert low.dtype == dtype and torch.isfinite(low).all()
-    padded = ~prefix.key_valid
-    torch.testing.assert_close(low[padded].float(), full[padded], rtol=0.05, atol=0.05)
 
 
 @pytest.mark.cuda
