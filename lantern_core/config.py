@@ -268,6 +268,9 @@ class DrafterConfig:
     to itself, and the drafter masks padded keys; our trained drafters, LANTERN's Anole drafter) or
     "hf_port" (LANTERN's HF port of LlamaGen-T2I, which its released t2i drafters were trained on: a
     padded row attends uniformly over the whole prefill, and the drafter masks no prefix key).
+
+    `embed_scale` multiplies the token embeddings before `fc` (LANTERN's `embed_upscale`, a constructor
+    argument of its Lumina-mGPT drafter, applied only above 1.0; 1.0 in its released run).
     """
 
     dim: int = 1280
@@ -285,10 +288,15 @@ class DrafterConfig:
     qk_norm: bool = False
     rope_dims: int = 2
     prefix_states: str = "native"
+    embed_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
+        if isinstance(self.embed_scale, bool) or not isinstance(self.embed_scale, (int, float)) \
+                or not 1.0 <= self.embed_scale < float("inf"):
+            raise ConfigError("DrafterConfig.embed_scale", "a finite number >= 1.0 (LANTERN's embed_upscale, "
+                              "applied only above 1.0)", self.embed_scale)
         if self.prefix_states not in PREFIX_STATES:
             raise ConfigError("DrafterConfig.prefix_states", f"one of {PREFIX_STATES}", self.prefix_states,
                               "write \"native\" for drafters trained here, \"hf_port\" for LANTERN's released "

@@ -288,3 +288,59 @@ def write_released_anole_drafter(folder, reference, seed=7):
     torch.save(sd, folder / "pytorch_model.bin")
     (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "chameleon"}, default=str))
     return layer, fc, embedding, config
+
+
+# LANTERN's Lumina-mGPT drafter config.json as released (`sihwanpark/LANTERN-Lumina-mGPT-7B-768`, the
+# field set of LANTERN's data/configs/lumina_mgpt_config.json, which its training run writes): every field,
+# including those our loader only reads past; the sizes are scaled down by `write_released_lumina_drafter`.
+LUMINA_DRAFTER_CONFIG = {
+    "architectures": ["ChameleonForConditionalGeneration"], "attention_bias": False, "attention_dropout": 0.0,
+    "dropout": 0.05, "boi_token_id": 8197, "bos_token_id": 1, "eoi_token_id": 8196, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "image_token_id": 8711, "initializer_range": 0.02,
+    "intermediate_size": 11008, "max_position_embeddings": 4096, "mlp_bias": False, "model_parallel_size": 1,
+    "model_type": "chameleon", "num_attention_heads": 32, "num_hidden_layers": 1, "num_key_value_heads": 32,
+    "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "swin_norm": False,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.43.3", "use_cache": True,
+    "vocab_size": 65536,
+    "vq_config": {"attn_resolutions": [], "ch": 128, "ch_mult": [1, 1, 2, 2, 4], "double_z": False,
+                  "model_type": "chameleon_vqgan", "n_embed": 8192, "out_ch": 3, "z_channels": 256},
+}
+
+
+def write_released_lumina_drafter(folder, reference, seed=8, **overrides):
+    """LANTERN's `cnets_lumina_mgpt.Model` as its training run saves it: config.json with the released field
+    set (LUMINA_DRAFTER_CONFIG, sizes of the tiny `reference` target, then `overrides`) + model.safetensors
+    with embed_tokens (the target's text embedding), fc (+ bias) and layers.0.* in HF names, q/k in
+    rotate-half order, and QK-norm parameters of shape (model_parallel_size = 1, head_dim): its
+    ChameleonLayerNorm keeps one row per shard and repeat-interleaves it over the heads. Returns
+    (transformers' ChameleonDecoderLayer with the same weights, its per-head norms expanded; fc; embedding;
+    the layer's config)."""
+    from safetensors.torch import save_file
+    from transformers import ChameleonConfig
+    from transformers.models.chameleon.modeling_chameleon import ChameleonDecoderLayer
+
+    t = reference.config
+    cfg = {**LUMINA_DRAFTER_CONFIG, "hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size,
+           "num_attention_heads": t.num_attention_heads, "num_key_value_heads": t.num_key_value_heads,
+           "vocab_size": t.vocab_size, **overrides}
+    config = ChameleonConfig(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_hidden_layers=1,
+                             num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
+                             rms_norm_eps=1e-5, vocab_size=t.vocab_size, max_position_embeddings=4096)
+    config._attn_implementation = "eager"
+    layer = ChameleonDecoderLayer(config, 0).eval()
+    fc = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=True)
+    _randomise(torch.nn.ModuleDict({"layer": layer, "fc": fc}), seed)
+    sd = {"embed_tokens.weight": reference.get_input_embeddings().weight.detach().clone(),
+          "fc.weight": fc.weight.detach().clone(), "fc.bias": fc.bias.detach().clone()}
+    with torch.no_grad():
+        for name, param in layer.state_dict().items():
+            if "_norm." in name and "self_attn" in name:  # one shard's row, shared by every head
+                row = param[:1].clone()
+                param.copy_(row.expand_as(param))
+                sd[f"layers.0.{name}"] = row
+            else:
+                sd[f"layers.0.{name}"] = param.detach().clone()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    return layer, fc, sd["embed_tokens.weight"], config

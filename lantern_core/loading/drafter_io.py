@@ -15,6 +15,11 @@ is a `CheckpointError`. `save_drafter` writes config.json + model.safetensors in
 The prefix convention a drafter was trained with (`DrafterConfig.prefix_states`) is read from
 config.json's `lantern.prefix_states` (written by `save_drafter`); a released LlamaGen text-to-image
 folder without it gets "hf_port" (trained on LANTERN's HF port), anything else "native".
+The released Lumina-mGPT drafter (`sihwanpark/LANTERN-Lumina-mGPT-7B-768`: config.json + model.safetensors)
+is the Anole layout over Lumina's vocabulary (its end-of-row token among the kept rows), with QK-norm
+rows per model-parallel shard ((1, head_dim), shared by every head); every field of a Chameleon
+drafter's config.json is used, checked or knowingly left aside (`CHAMELEON_*`), and LANTERN's
+`embed_upscale` (input-embedding scale) is read where a config declares it.
 """
 from __future__ import annotations
 
@@ -217,15 +222,19 @@ def _infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, met
                               f"no tensor {exc}", DRAFTER_FIX) from exc
     if hf.get("model_type") == "chameleon":  # LANTERN's Anole / Lumina drafter: one Chameleon layer
         if target is None or target.family != "chameleon":
-            raise CheckpointError(path, "a Chameleon target (Anole) to size this Chameleon drafter",
+            raise CheckpointError(path, "a Chameleon target (Anole or Lumina-mGPT) to size this Chameleon drafter",
                                   "no Chameleon target" if target is None else f"a {target.family} target",
-                                  "load it in Lantern: Load Drafter connected to the Anole model it was trained for")
+                                  "load it in Lantern: Load Drafter connected to the Anole or Lumina-mGPT model "
+                                  "it was trained for")
+        check_chameleon_fields(path, hf, {"hidden_size": dim, "intermediate_size": ffn, "vocab_size": vocab,
+                                          "num_attention_heads": heads, "num_key_value_heads": kv_heads})
         try:
             return DrafterConfig(dim=dim, n_head=heads, n_kv_head=kv_heads, ffn_dim=ffn, vocab_size=vocab,
                                  grid_size=target.grid_size, cls_token_num=target.cls_token_num - 1,
                                  rope_base=float(hf.get("rope_theta", 10000.0)),
                                  norm_eps=float(hf.get("rms_norm_eps", 1e-5)), bias=bool(hf.get("bias", True)),
-                                 family="chameleon", input_norm=True, qk_norm=True, rope_dims=1)
+                                 family="chameleon", input_norm=True, qk_norm=True, rope_dims=1,
+                                 embed_scale=embed_scale(path, hf))
         except ConfigError as exc:
             raise CheckpointError(path, "a consistent drafter configuration", str(exc), DRAFTER_FIX) from exc
     input_type = hf.get("input_type")
@@ -241,9 +250,74 @@ def _infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, met
         return DrafterConfig(dim=dim, n_head=heads, n_kv_head=kv_heads, ffn_dim=ffn, vocab_size=vocab,
                              grid_size=grid, cls_token_num=cls, rope_base=float(hf.get("rope_theta", 10000.0)),
                              norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                             bias=bool(hf.get("bias", True)) if hf else "fc.bias" in sd)  # LANTERN: bias unless "bias": false
+                             bias=bool(hf.get("bias", True)) if hf else "fc.bias" in sd,  # LANTERN: bias unless "bias": false
+                             embed_scale=embed_scale(path, hf))
     except ConfigError as exc:
         raise CheckpointError(path, "a consistent drafter configuration", str(exc), DRAFTER_FIX) from exc
+
+
+# Every field of a Chameleon drafter's config.json as LANTERN releases it (`jadohu/anole_drafter`,
+# `sihwanpark/LANTERN-Lumina-mGPT-7B-768`: transformers' ChameleonConfig written by its training run) and
+# what this loader does with it. Sizes are checked against the weights; the fields below are used, must hold
+# the value our layer implements, or are read and knowingly left aside for the reason given.
+CHAMELEON_REQUIRED = {  # field -> (the value our layer implements, the reason)
+    "num_hidden_layers": (1, "an EAGLE drafter is one decoder layer"),
+    "attention_bias": (False, "the layer's projections have no biases"),
+    "mlp_bias": (False, "the layer's MLP has no biases"),
+    "hidden_act": ("silu", "the MLP is SwiGLU"),
+    "rope_scaling": (None, "LANTERN's Chameleon attention asserts no RoPE scaling"),
+}
+CHAMELEON_USED = ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+                  "rms_norm_eps", "rope_theta", "model_parallel_size", "bias", "embed_upscale", "lantern",
+                  "model_type")
+CHAMELEON_LEFT_ASIDE = {
+    "dropout": "training only (LANTERN trains with 0.05; a no-op in eval)",
+    "attention_dropout": "training only",
+    "swin_norm": "LANTERN's drafters are always the pre-norm ChameleonDecoderLayer, whatever it says",
+    "max_position_embeddings": "LANTERN's rotary table grows past it: not a limit",
+    "architectures": "metadata", "transformers_version": "metadata", "torch_dtype": "the saved dtype (we cast)",
+    "initializer_range": "training only", "use_cache": "runtime flag", "tie_word_embeddings": "the target's head",
+    "boi_token_id": "the target's tokens", "bos_token_id": "the target's tokens", "eoi_token_id": "the target's tokens",
+    "eos_token_id": "the target's tokens", "image_token_id": "the target's tokens", "pad_token_id": "the target's tokens",
+    "vq_config": "the target's image tokenizer", "vocabulary_map": "the target's tokenizer",
+}
+
+
+def check_chameleon_fields(path: Path, hf: dict, sizes: dict[str, int]) -> None:
+    """A Chameleon drafter's config.json against its weights (`sizes`, read off the tensors) and the layer
+    we build (CHAMELEON_REQUIRED); fields of neither list are logged as left aside. A CheckpointError names
+    the field, expected and found."""
+    for name, found in sizes.items():
+        if name in hf and hf[name] != found:
+            raise CheckpointError(path, f"config.json {name} {hf[name]!r} to match the weights",
+                                  f"{found} in the weights", "re-download the drafter folder (config.json and "
+                                  "the weights come from different drafters)")
+    for name, (value, reason) in CHAMELEON_REQUIRED.items():
+        if name in hf and hf[name] != value:
+            raise CheckpointError(path, f"config.json {name} {value!r} ({reason})", repr(hf[name]),
+                                  "use a LANTERN drafter of one Chameleon layer as released")
+    mp = hf.get("model_parallel_size", 1)
+    heads, kv_heads = sizes["num_attention_heads"], sizes["num_key_value_heads"]
+    if isinstance(mp, bool) or not isinstance(mp, int) or mp < 1 or heads % mp or kv_heads % mp:
+        raise CheckpointError(path, f"config.json model_parallel_size a positive divisor of the {heads} attention "
+                              f"and {kv_heads} key/value heads (its QK-norm rows are shared by heads / mp heads)",
+                              repr(mp), "use the drafter's config.json as released (model_parallel_size 1)")
+    unknown = sorted(set(hf) - set(CHAMELEON_USED) - set(CHAMELEON_REQUIRED) - set(CHAMELEON_LEFT_ASIDE))
+    if unknown:
+        log.info("drafter %s: config.json fields not read: %s", path, ", ".join(unknown))
+
+
+def embed_scale(path: Path, hf: dict) -> float:
+    """LANTERN's `embed_upscale` where config.json declares it (top level, or our `lantern` entry): the
+    factor on the drafter's input embeddings, which LANTERN's code applies only above 1.0 (so a value at or
+    below 1.0 means 1.0, with a log line when below); 1.0 when absent."""
+    value = hf.get("embed_upscale", hf.get("lantern", {}).get("embed_upscale", 1.0))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
+        raise CheckpointError(path, "config.json embed_upscale a finite number (LANTERN's input-embedding scale)",
+                              repr(value), "remove embed_upscale or write the value the drafter was trained with")
+    if value < 1.0:
+        log.info("drafter %s: embed_upscale %s is not applied (LANTERN's code scales only above 1.0)", path, value)
+    return max(float(value), 1.0)
 
 
 def load_drafter(path: str | Path, target: GPTConfig | None = None, device: torch.device | str = "cpu",
@@ -286,7 +360,8 @@ def save_drafter(model: EagleDrafter, folder: str | Path, extra: dict | None = N
     hf = {"architectures": ["EagleDrafter"], "hidden_size": c.dim, "intermediate_size": c.ffn_dim,
           "num_attention_heads": c.n_head, "num_key_value_heads": c.n_kv_head, "num_hidden_layers": 1,
           "vocab_size": c.vocab_size, "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base, "bias": c.bias,
-          "hidden_act": "silu", "lantern": {"grid_size": c.grid_size, "cls_token_num": c.cls_token_num,
+          "hidden_act": "silu", **({"embed_upscale": c.embed_scale} if c.embed_scale != 1.0 else {}),
+          "lantern": {"grid_size": c.grid_size, "cls_token_num": c.cls_token_num,
                                             "family": c.family, "prefix_states": c.prefix_states,
                                             **(extra or {})}}
     tensors = {k: v.to(dtype) for k, v in internal_to_released(model.state_dict(), c).items()}

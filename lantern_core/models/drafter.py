@@ -1,7 +1,8 @@
 """The EAGLE-style feature drafter LANTERN pairs with its targets (one decoder layer on [embedding; feature]).
 
 Given the target's last hidden state f_s and the embedding of the next token x_{s+1}, it predicts the
-next feature: h = fc([emb(x_{s+1}); f_s]) + b, then one decoder block, no final norm. Logits come from
+next feature: h = fc([emb(x_{s+1}); f_s]) + b (the embedding times `embed_scale` where a drafter
+declares one, as LANTERN's Lumina-mGPT drafter), then one decoder block, no final norm. Logits come from
 the target's frozen head. For LlamaGen (`cnets_llamagen`) the block's attention has no input norm and
 2-D RoPE; for Chameleon (`cnets_anole`) and Janus it is a full decoder layer of the target's kind
 (input norm, QK-norm for Chameleon, 1-D RoPE). The block is the same `TransformerBlock` the target uses
@@ -53,6 +54,8 @@ class EagleDrafter(Fp32Rope):
         f^_{s+1} (B, T, dim). `embeddings` (B, T, dim), when given, replaces the token embeddings (a
         prompted family's prompt positions)."""
         emb = (self.embed_tokens(tokens) if embeddings is None else embeddings).to(features.dtype)
+        if self.config.embed_scale > 1.0:  # LANTERN's embed_upscale: every input embedding, after the cast
+            emb = emb * self.config.embed_scale
         h = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, 2*dim) -> (B, T, dim)
         return self.layers[0](h, self.rope_table[step.positions], step, 0)
 

@@ -70,10 +70,14 @@ def unpermute_rotate_half(weight: torch.Tensor, heads: int) -> torch.Tensor:
 
 def interleave_head_norm(value: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
     """Chameleon's QK-norm parameter in the rotate-half convention -> interleaved pairs: (heads, D) as
-    transformers stores it, or one (D,) vector shared by the heads (older conversions). Other shapes are
-    returned as they are (the strict load then names them)."""
+    transformers stores it, one (D,) vector shared by the heads (older conversions), or (mp, D), one row
+    per model-parallel shard, each shared by heads / mp consecutive heads (Alpha-VLLM's and LANTERN's
+    `ChameleonLayerNorm`, which repeat-interleaves its rows; mp = 1 in their released configs). Other
+    shapes are returned as they are (the strict load then names them)."""
     if value.dim() == 1:
         value = value[None].expand(heads, -1).contiguous()
+    elif value.dim() == 2 and value.shape[1] == head_dim and value.shape[0] < heads and heads % value.shape[0] == 0:
+        value = value.repeat_interleave(heads // value.shape[0], dim=0)
     if value.shape != (heads, head_dim):
         return value
     return permute_rotate_half(value, heads)
