@@ -28,6 +28,7 @@ from .loading.embedded import EMBEDDED_DRAFTER, EMBEDDED_GPT, EMBEDDED_VQ, Pipel
 from .errors import ConfigError, LanternError, check_choice
 from .decoding.generate import generate
 from .images import save_png, to_unit_range
+from .models.vq import decode_images
 from .decoding.sampling import make_generators
 from .decoding.step_graphs import COMPILE_CHOICES
 
@@ -222,7 +223,7 @@ def run_generate(args: argparse.Namespace) -> dict:
                                  compile=args.compile)
     with torch.no_grad():
         codes, grid = image_codes(target.config, result.tokens)
-        images = to_unit_range(target.vq.decode(codes.to(device), grid).float())
+        images = to_unit_range(decode_images(target.vq, codes.to(device), grid).float())  # image by image
     paths = [args.out / f"lantern_{args.seed + i:05d}.png" for i in range(target.condition.batch)]
     save_png(images, paths)
     drafter_shown = drafter_name if built.needs_drafter else "none (training-free)"

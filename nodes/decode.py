@@ -6,25 +6,27 @@ from comfy_api.latest import io
 
 from ..lantern_core.images import to_unit_range
 from ..lantern_core.layout import image_codes
+from ..lantern_core.models.vq import decode_images
 
 from . import runtime
 from .types import LanternTokens, LanternTokensType, expect_link
 
-DECODE_CHUNK = 4  # images per VQ decoder call: bounds activation memory for large grids
-
 
 def decode(tokens: LanternTokens) -> torch.Tensor:
+    """Tokens -> IMAGE, one image per VQ decoder call (`decode_images`): image i of a batch has exactly
+    the pixels of a single run, and the decoder's activations stay those of one image."""
     expect_link("tokens", tokens, LanternTokens, "Lantern: Sampler")
     vq = tokens.model.vq
     with runtime.run_scope():
         device = runtime.place([vq])
-        images = []
-        with torch.no_grad():
-            for chunk in tokens.tokens.split(DECODE_CHUNK):
-                runtime.check_interrupt()
-                codes, grid = image_codes(tokens.model.config, chunk)  # drops Lumina's end-of-row tokens
-                images.append(to_unit_range(vq.model.decode(codes.to(device), grid)).to(runtime.intermediate_device()))
-    return torch.cat(images)
+        codes, grid = image_codes(tokens.model.config, tokens.tokens)  # drops Lumina's end-of-row tokens
+
+        def finish(image: torch.Tensor) -> torch.Tensor:
+            runtime.check_interrupt()
+            return to_unit_range(image).to(runtime.intermediate_device())
+
+        runtime.check_interrupt()
+        return decode_images(vq.model, codes.to(device), grid, per_image=finish)
 
 
 class LanternDecode(io.ComfyNode):

@@ -11,6 +11,7 @@ from ..lantern_core.decoding import auto_store, report
 from ..lantern_core.decoding.generate import GenerationResult, estimate_run_bytes, generate
 from ..lantern_core.images import to_unit_range
 from ..lantern_core.layout import image_codes
+from ..lantern_core.models.vq import decode_images
 from ..lantern_core.errors import ConfigError, LanternError
 from ..lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
 from ..lantern_core.decoding.neighbors import load_or_build_neighbors
@@ -72,8 +73,7 @@ def _preview_decoder(model: LanternModel, device: torch.device):
         codes, grid = image_codes(config, tokens[:1].clone())
         done = done - done // config.row_stride if config.row_end else done  # codes done (no end-of-row tokens)
         codes[:, done:] = codes[:, max(done - 1, 0)]  # unfinished cells borrow the last code, then get greyed
-        with torch.no_grad():
-            image = to_unit_range(model.vq.model.decode(codes.to(device), grid))[0]  # (H, W, 3)
+        image = to_unit_range(decode_images(model.vq.model, codes.to(device), grid))[0]  # (H, W, 3)
         rows_done = (done + side - 1) // side
         pixels_per_row = image.shape[0] // side
         image[rows_done * pixels_per_row:] = 0.5

@@ -1,8 +1,9 @@
 """Determinism through the nodes (in process, ComfyUI's real model management): for every decoding mode,
 image i of a batch equals a single run with seed + i (with the same tree / window: `auto` plans for the
-batch size it runs), the same seed gives the same image again after other workflows ran and every model was
-unloaded (as /free does) and reloaded, and the lossless modes at their neutral settings (LANTERN delta 0,
-LANTERN++ lambda 1) give greedy AR's image. The auto tree and the auto Jacobi window are remembered by the
+batch size it runs), and through Lantern: Decode it has exactly the single run's IMAGE values (each image
+goes through the VQ decoder on its own), the same seed gives the same image again after other workflows ran
+and every model was unloaded (as /free does) and reloaded, and the lossless modes at their neutral settings
+(LANTERN delta 0, LANTERN++ lambda 1) give greedy AR's image. The auto tree and the auto Jacobi window are remembered by the
 weights' fingerprint and batch size, so a reloaded model keeps them.
 
 A batch runs its forwards over more rows and over the key window of its furthest image, so on the embedded
@@ -80,3 +81,24 @@ def test_lossless_settings_give_greedy_ar_images(pack, node, mode, overrides):
     ar = tokens(node, model, drafter, "ar", seed=3, temperature=0.0)
     out = tokens(node, model, drafter, mode, seed=3, temperature=0.0, **overrides)
     assert torch.equal(out, ar), mode
+
+
+def test_batch_images_equal_single_runs_pixel_for_pixel(pack, node):
+    """Issue 26 item 8: image i of a batch, through Lantern: Sampler and Lantern: Decode, is the single run
+    with seed + i down to the last bit of the IMAGE tensor (a batched VQ decode differed by up to 1/255)."""
+    model, _ = load(pack, node)
+    dec = node["LanternDecodingConfig"].execute(mode="sjd_coupled", drafter=None,
+                                                **{**SETTINGS, "jacobi_window": 8}).args[0]
+    cond = node["LanternConditioning"].execute(model=model, class_name="cat", prompt="").args[0]
+
+    def sample_and_decode(seed, batch_size=1):
+        out = node["LanternSampler"].execute(model=model, conditioning=cond, decoding=dec, cfg=3.0, temperature=1.0,
+                                             top_k=0, top_p=1.0, seed=seed, batch_size=batch_size).args[0]
+        return out.tokens, node["LanternDecode"].execute(tokens=out).args[0]
+
+    batch_tokens, batch_images = sample_and_decode(seed=5, batch_size=3)
+    assert batch_images.shape == (3, 128, 128, 3) and batch_images.dtype == torch.float32
+    for i in range(3):
+        single_tokens, single_image = sample_and_decode(seed=5 + i)
+        assert torch.equal(batch_tokens[i], single_tokens[0]), i
+        assert torch.equal(batch_images[i], single_image[0]), i  # every float, not just the 8-bit PNG
