@@ -233,6 +233,20 @@ def test_lanterns_mask_depends_on_the_run_dtype():
                 padded_past = (torch.arange(T) <= i) & ~valid[row]
                 expected = padded_past | valid[row] if dtype == torch.float32 else padded_past
                 assert torch.equal(top, expected), (dtype, row, i)
+    # LANTERN's training-data script ran the port over caption + image tokens in one pass (bf16 by default):
+    # in half precision a padded row sees the same keys as in the generator's caption-only prefill, so the
+    # released drafters' training and bf16 decoding agree; in float32 the image tokens would join the set
+    image = 5
+    with_image = torch.cat([valid, torch.ones(valid.shape[0], image, dtype=torch.bool)], 1)
+    for dtype in (torch.float32, torch.bfloat16):
+        caption_only = lantern_port_mask(valid, dtype)[:, 0]
+        training = lantern_port_mask(with_image, dtype)[:, 0, :T]  # the caption rows
+        for row, i in (~valid).nonzero().tolist():
+            same = torch.equal(training[row, i] == training[row, i].max(),
+                               torch.cat([caption_only[row, i] == caption_only[row, i].max(),
+                                          torch.ones(image, dtype=torch.bool) if dtype == torch.float32
+                                          else torch.zeros(image, dtype=torch.bool)]))
+            assert same, (dtype, row, i)
     states = {}
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         model, drafter = run_in(dtype)
