@@ -24,6 +24,7 @@ from lantern_core.decoding.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
 from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
 from lantern_core.decoding.tree import NAIVE_EXTEND_57, chain_tree
+from tests.tolerances import assert_close_to_reference, float64_copy, transformer_tolerance
 from tests.tiny_families import (save_chameleon_folder, save_chameleon_vqgan, save_janus_folder,
                                  write_released_anole_drafter)
 
@@ -54,6 +55,7 @@ def test_released_anole_drafter_loads_and_matches_a_chameleon_layer(anole, tmp_p
     drafter = load_drafter(tmp_path / "anole_drafter", target.config, image_token_ids=target.image.token_ids).model
     c = drafter.config
     assert (c.family, c.qk_norm, c.input_norm, c.rope_dims, c.vocab_size) == ("chameleon", True, True, 1, 64)
+    assert c.norm_eps == config.rms_norm_eps  # its effect (~1e-5) hides under float32's rounding below
 
     from transformers.models.chameleon.modeling_chameleon import ChameleonRotaryEmbedding
 
@@ -62,15 +64,16 @@ def test_released_anole_drafter_loads_and_matches_a_chameleon_layer(anole, tmp_p
     features = torch.randn(2, T, config.hidden_size, generator=g)
     codes = torch.randint(0, 64, (2, T), generator=g)
     positions = torch.arange(T)
-    with torch.no_grad():
-        h = fc(torch.cat([embedding[target.image.token_ids[codes]], features], -1))
+    with torch.no_grad():  # transformers' layer in float64: the comparison needs no CPU's BLAS
+        h = float64_copy(fc)(torch.cat([embedding[target.image.token_ids[codes]], features], -1).double())
         rope = ChameleonRotaryEmbedding(config)(h, positions[None].expand(2, -1))
-        causal = torch.full((T, T), float("-inf")).triu(1)[None, None]
-        expected = layer(h, attention_mask=causal, position_ids=positions[None], position_embeddings=rope)
+        causal = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+        expected = float64_copy(layer)(h, attention_mask=causal, position_ids=positions[None], position_embeddings=rope)
         expected = expected[0] if isinstance(expected, tuple) else expected
         ours = drafter(features, codes, ForwardStep(positions))
-    assert expected.abs().max() > 1
-    torch.testing.assert_close(ours, expected, atol=2e-5, rtol=1e-4)
+    assert expected.abs().max() > 1 and expected.dtype == torch.float64
+    # fc (inner size 2 * hidden) then one decoder layer
+    assert_close_to_reference(ours, expected, transformer_tolerance(ours.dtype, 2 * config.hidden_size, layers=1))
     # the prompt positions see the target's embeddings of the next prompt tokens
     assert torch.equal(drafter.embed_tokens.weight, target.embed_tokens(torch.arange(64)[None])[0])
 

@@ -21,6 +21,7 @@ from lantern_core.decoding.relaxation import Grouping, Relaxation
 from lantern_core.decoding.sampling import make_generators
 from lantern_core.decoding.tree_select import CostCurve
 from tests.tiny_models import TINY_C2I, TINY_T2I, random_gpt
+from tests.tolerances import assert_close_to_reference, float64_copy, model_tolerance
 
 
 def conditions(kind):
@@ -96,15 +97,18 @@ def test_rollback_equals_recompute():
     state.length += 1 + 2  # keep the root and 2 drafts; 3 stale slots stay behind
     nxt = torch.tensor([4, 8, 3, 0])  # the token after them plus a new window
     rolled = forward_window(model, state, nxt)
-    fresh, _ = prefill_state(model, cond, guided=True, spare=16)
-    recomputed = forward_window(model, fresh, torch.cat([first, drafts[:2], nxt]))[:, 3:]
-    torch.testing.assert_close(rolled, recomputed, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(state.cache.keys[:, :, :, : state.length + 4], fresh.cache.keys[:, :, :, : state.length + 4],
-                               rtol=1e-5, atol=1e-5)
+    exact = float64_copy(model)  # the from-scratch cache in float64: the check needs no CPU's BLAS
+    fresh, _ = prefill_state(exact, cond, guided=True, spare=16)
+    recomputed = forward_window(exact, fresh, torch.cat([first, drafts[:2], nxt]))[:, 3:]
+    tol = model_tolerance(rolled.dtype, model.config)  # the logits; the cached keys lie fewer reductions deep
+    assert_close_to_reference(rolled, recomputed, tol)
+    written = state.length + 4
+    assert_close_to_reference(state.cache.keys[:, :, :, :written], fresh.cache.keys[:, :, :, :written], tol)
     stale, _ = prefill_state(model, cond, guided=True, spare=16)  # the same without the rollback differs
     forward_window(model, stale, torch.cat([first, drafts]))
     stale.length += 1 + 5
-    assert not torch.allclose(forward_window(model, stale, nxt), recomputed, atol=1e-3)
+    wrong = forward_window(model, stale, nxt).double()
+    assert (wrong - recomputed).abs().max() > 100 * tol * recomputed.abs().max()  # far beyond the tolerance
 
 
 @pytest.mark.parametrize("rule", [Relaxation(k=8, delta=0.0), Relaxation(k=8, lam=1.0), Grouping(k=8, gap=0.0)],
