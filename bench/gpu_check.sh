@@ -25,3 +25,4 @@ step speculative 65 $PY -m lantern_core.benchmarks.speculative --device cuda --d
 step batched 70 $PY -m lantern_core.benchmarks.batched --device cuda --dtype bfloat16 --images 8 --out bench/results
 step families 70 $PY -m lantern_core.benchmarks.families --device cuda --dtype bfloat16 --images 1 --out bench/results
 step prefix_states 40 $PY -m lantern_core.benchmarks.prefix_states --device cuda --dtype bfloat16 --model GPT-XL --repeats 2 --out bench/results
+step decode 30 $PY -m lantern_core.benchmarks.decode --device cuda --dtype bfloat16 --repeats 3 --out bench/results

@@ -48,3 +48,17 @@ def test_prefix_states_bench_times_both_conventions_on_a_tiny_t2i_model():
     assert set(report["medians"]) == {"native", "hf_port"} and report["caption_tokens"] == 6
     assert all(m["wall_s"] > 0 and m["prefill_s"] > 0 for m in report["medians"].values())
     assert report["wall_ratio"] > 0 and "| hf_port |" in markdown(report)
+
+
+def test_decode_bench_times_both_decodes_on_a_tiny_vq():
+    from lantern_core.benchmarks.decode import markdown, time_decoders
+    from lantern_core.loading.embedded import EMBEDDED_VQ
+    from lantern_core.loading.checkpoints import load_vq
+
+    vq = load_vq(EMBEDDED_VQ).model.eval()
+    rows = time_decoders(vq, 16, (1, 3), repeats=1)
+    assert [r["batch"] for r in rows] == [1, 3]
+    assert all(r["one_by_one_ms_per_image"] > 0 and r["batched_ms_per_image"] > 0 and r["ratio"] > 0 for r in rows)
+    report = {"device": "cpu", "dtype": "float32", "machine": "m", "torch": "t", "threads": 1, "date": "d",
+              "repeats": 1, "decoders": [{"decoder": "embedded 128 px", "grid": 16, "rows": rows}]}
+    assert "| 3 |" in markdown(report) and "embedded 128 px" in markdown(report)
