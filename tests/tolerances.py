@@ -63,6 +63,21 @@ def vq_decode_tolerance(dtype: torch.dtype, vq: torch.nn.Module) -> float:
     return float_tolerance(dtype, inner, len(decoding))
 
 
+ROUNDINGS_PER_LAYER = 12  # outputs rounded to the run dtype in sequence: norms, projections, RoPE, attention, MLP, residuals
+
+
+def rounded_tolerance(dtype: torch.dtype, config) -> float:
+    """A whole run in `dtype` (half precision included) against the float64 reference, on O(1) values:
+    each layer rounds about ROUNDINGS_PER_LAYER outputs to the run dtype (eps each: in bf16 / fp16 this
+    dominates) and accumulates two chains of dot products of inner size K in float32 (eps32 * sqrt(K);
+    CPUs and GPUs accumulate half-precision GEMMs in float32). `config`: dim, ffn_dim, n_layer. On the tiny
+    t2i model: float32 1.1e-5, bf16 0.19. `float_tolerance` instead assumes every op in `dtype`, which for
+    half precision overstates the error by sqrt(K)."""
+    inner = max(config.dim, config.ffn_dim)
+    per_layer = ROUNDINGS_PER_LAYER * torch.finfo(dtype).eps + 2 * torch.finfo(torch.float32).eps * math.sqrt(inner)
+    return config.n_layer * per_layer
+
+
 def float64_copy(module: torch.nn.Module) -> torch.nn.Module:
     """The module's float64 twin (its float32 original untouched), for computing references. Our targets'
     `logits` round to float32 (what sampling reads): the twin's return its head's float64 output instead."""

@@ -132,7 +132,7 @@ def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: Sam
     iteration from a CUDA graph on CUDA (`jacobi_step.py`); "off" runs eagerly."""
     start = time.perf_counter()
     device = model.tok_embeddings.weight.device
-    neighbors = extend_neighbors(model.config, check_neighbors(config.neighbor_k, neighbors, device))
+    neighbors = extend_neighbors(model.config, check_neighbors(config.neighbor_k, neighbors, device, model.config))
     N, B = model.config.num_image_tokens, condition.batch
     window, note = config.window, ""
     if window == "auto":

@@ -473,8 +473,7 @@ def draftable_codes(config) -> int:
 def check_tree_fits(spec: SpeculativeConfig, config) -> None:
     """Refuse, before any forward, a tree that drafts more children under one node than the target `config`
     has codes a draft can pick (children are drawn without replacement from the vocabulary: a static tree's
-    widest node, EAGLE-2's top_k per expanded node), and a relaxation reading more latent neighbours than
-    there are other codes. The error names the tree, its widest node's child count and the vocabulary size,
+    widest node, EAGLE-2's top_k per expanded node). The error names the tree, its widest node's child count and the vocabulary size,
     and the fix. Reads settings only, no tensor; trees of at most that many children per node run (children
     a top-k / top-p filter leaves no mass for are drawn last and never accepted)."""
     V = draftable_codes(config)
@@ -498,16 +497,18 @@ def check_tree_fits(spec: SpeculativeConfig, config) -> None:
                           f"{tree.widest} children under its widest node",
                           f"choose a narrower tree (at most {V} children per node, e.g. tree 'chain' or a "
                           "'custom' tree) or a model with a larger vocabulary")
-    k = spec.relaxation.k if spec.relaxation is not None else 0
+
+
+def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device, config) -> torch.Tensor | None:
+    """The neighbour table on `device` when the acceptance reads k > 0 neighbours, else None. A relaxation
+    reading more latent neighbours than the target `config` has other codes is a ConfigError (tree and
+    Jacobi decoders alike), before any forward."""
+    if k == 0:
+        return None
+    V = draftable_codes(config)
     if k > V - 1:
         raise ConfigError("lantern_k", f"at most {V - 1} latent neighbours per token (the {V} codes less the "
                           "token itself)", k, f"lower lantern_k (command line: --k) to at most {V - 1}")
-
-
-def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    """The neighbour table on `device` when the acceptance reads k > 0 neighbours, else None."""
-    if k == 0:
-        return None
     if neighbors is None or neighbors.shape[1] < k:
         raise ConfigError("neighbour table", f"a (V, >= {k}) table for lantern k",
                           None if neighbors is None else tuple(neighbors.shape),
@@ -526,7 +527,7 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
     progress). A tree wider than the vocabulary raises ConfigError before any forward (`check_tree_fits`)."""
     check_tree_fits(spec, model.config)
     neighbors = extend_neighbors(model.config, check_neighbors(spec.relaxation.k if spec.relaxation else 0, neighbors,
-                                model.tok_embeddings.weight.device))
+                                model.tok_embeddings.weight.device, model.config))
     start = time.perf_counter()
     config = model.config
     N = config.num_image_tokens

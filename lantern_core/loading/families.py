@@ -188,7 +188,8 @@ def _decoder_shape(cfg: dict, where: str) -> dict:
 def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = False) -> GPTConfig:
     """Anole / Chameleon; `row_end` (Lumina-mGPT) adds the end-of-row token as the last image code."""
     vq = section(cfg, "vq_config")
-    codes = _integer(vq.get("num_embeddings", vq.get("n_embed", 8192)), "config.json vq_config.num_embeddings")
+    codes = _positive(vq.get("num_embeddings", vq.get("n_embed", 8192)), "config.json vq_config.num_embeddings",
+                      integer=True)
     return GPTConfig(**_decoder_shape(cfg, "config.json"), vocab_size=codes + int(row_end),
                      model_type="prompt", family="chameleon", qk_norm=True, swin_norm=bool(cfg.get("swin_norm")),
                      rope_dims=1, grid_size=grid, cls_token_num=max_prompt, row_end=row_end)
@@ -209,9 +210,9 @@ def janus_config(cfg: dict, layout: str, grid: int, max_prompt: int) -> GPTConfi
         if aligner.get("depth", 2) != 2:
             raise ConfigError("config.json gen_aligner_config.depth", "2 (every Janus-Pro release)", aligner["depth"])
     return GPTConfig(**_decoder_shape(text, where),
-                     vocab_size=_integer(codes, "config.json image codebook size"), model_type="prompt",
+                     vocab_size=_positive(codes, "config.json image codebook size", integer=True), model_type="prompt",
                      family="janus", rope_dims=1, grid_size=grid, cls_token_num=max_prompt,
-                     image_embed_dim=_integer(embed, "config.json image embedding width"))
+                     image_embed_dim=_positive(embed, "config.json image embedding width", integer=True))
 
 
 def check_deepseek_shapes(folder: Path, tensors: dict[str, torch.Tensor], config: GPTConfig,
@@ -254,18 +255,12 @@ def check_deepseek_shapes(folder: Path, tensors: dict[str, torch.Tensor], config
                               f"{len(layers)} layers in the weights", fix)
 
 
-def _integer(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise ConfigError(name, "an integer", value)
-    return int(value)
-
-
 def _janus_grid(cfg: dict) -> int | None:
     tokens = section(cfg, "vision_config").get("num_image_tokens")
     if not tokens:
         return None
-    side = _integer(tokens, "config.json vision_config.num_image_tokens")
-    if side <= 0 or round(side ** 0.5) ** 2 != side:
+    side = _positive(tokens, "config.json vision_config.num_image_tokens", integer=True)
+    if round(side ** 0.5) ** 2 != side:
         raise ConfigError("config.json vision_config.num_image_tokens", "a positive square number", tokens)
     return round(side ** 0.5)
 

@@ -238,16 +238,10 @@ def decode_images(vq: VQModel, indices: torch.Tensor, grid: tuple[int, int] | No
     This holds per device, dtype and library build, as far as those kernels are deterministic (on CUDA not
     with `torch.backends.cudnn.benchmark`, which ComfyUI turns on only with `--fast autotune`).
 
-    Cost, measured on the shared 2-core CPU this pack is developed on (median of 15 runs, 3 for the
-    LlamaGen size; timings there are noisy): the embedded 128 px decoder takes 24 ms per image either way
-    at B = 1, 2, 4, 8 with 2 threads on a quiet machine (one by one / batched 0.92-1.11x); in CPU time with
-    1 thread 42-44 ms one by one against 44, 47, 48, 63 ms batched at B = 1, 2, 4, 8. LlamaGen's VQ-16 at
-    256 px, B = 4: 1.7 s per image one by one against 2.2 s batched in 1-thread CPU time, 3.4 against 2.6 s
-    wall with 2 threads on a loaded machine (1.3x). So one by one costs from nothing to about 1.3x of the
-    decode, and the decode is a one-off per image (the embedded model's 24 ms against about 0.45 s of AR
-    sampling at 585 tokens/s). On a GPU (not measured here) a batch-1 decode underuses the device, but it is still one
-    decoder pass per image next to hundreds of sampling forwards. It also bounds the decoder's activation
-    memory to one image.
+    Cost: `make bench` / `make bench-cuda` time it next to one batched call (`bench/results/decode_*.md`);
+    on 2 CPU cores one by one costs nothing (0.6-1.1x of batched per image), and the decode is a one-off
+    per image next to hundreds of sampling forwards. It also bounds the decoder's activation memory to
+    one image.
 
     `per_image`, if given, is applied to each decoded (1, 3, H, W) image before they are concatenated
     (e.g. convert it and move it off the device, check for Cancel)."""

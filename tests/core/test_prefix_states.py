@@ -31,7 +31,7 @@ from lantern_core.errors import CheckpointError
 from lantern_core.loading.drafter_io import load_drafter, save_drafter
 from lantern_core.training.train_drafter import DrafterData, Recipe, teacher_features, train_drafter
 from tests.core.test_drafter_io import released_folder
-from tests.tolerances import float64_copy
+from tests.tolerances import float64_copy, rounded_tolerance as tolerance
 from tiny_models import TINY_T2I, random_drafter, random_gpt
 
 GREEDY = SamplingConfig(cfg_scale=3.0, temperature=0.0)
@@ -146,20 +146,6 @@ def lantern_port_drafter(drafter, features: torch.Tensor, tokens: torch.Tensor) 
                                        drafter.fc.bias.double())
         mask = lantern_port_mask(torch.ones(rows, T, dtype=torch.bool), torch.float32)
         return port_layer(drafter.layers[0], c.n_head, c.norm_eps, h, mask, freqs, input_norm=False)
-
-
-ROUNDINGS_PER_LAYER = 12  # outputs rounded to the run dtype in sequence: norms, projections, RoPE, attention, MLP, residuals
-
-
-def tolerance(dtype: torch.dtype, config: GPTConfig) -> float:
-    """Our run in `dtype` against the float64 reference, as a bound on O(1) values, derived from the dtypes
-    rather than measured on one CPU: each layer rounds about ROUNDINGS_PER_LAYER outputs to the run dtype
-    (eps each) and accumulates two chains of dot products of inner size K in float32 (error ~ eps32 *
-    sqrt(K), a random walk of roundings; CPUs and GPUs accumulate half-precision GEMMs in float32).
-    Tiny t2i model: float32 1.1e-5, bf16 0.19; what the tests tell apart differs by 0.7 or more."""
-    inner = max(config.dim, config.ffn_dim)
-    per_layer = ROUNDINGS_PER_LAYER * torch.finfo(dtype).eps + 2 * torch.finfo(torch.float32).eps * math.sqrt(inner)
-    return config.n_layer * per_layer
 
 
 def session_after_prefill(model, drafter, condition: Condition):
