@@ -54,13 +54,16 @@ soak: $(HOST_STAMP)
 serve: $(HOST_STAMP)
 	$(PY) tests/host/comfy_server.py serve --port 8188
 
-## Benchmarks on this CPU -> bench/results/{ar,speculative,batched,families,prefix_states,decode}_cpu_float32.{json,md}
+## Benchmarks on this CPU -> bench/results/decode_counts_cpu_bfloat16.{json,md} (kernels and host reads per AR step
+## and per iteration of every mode, on the code path CUDA graphs replay: hardware-neutral) and
+## bench/results/{ar,speculative,batched,families,prefix_states,decode}_cpu_float32.{json,md}
 ## (AR overhead and cost curve; then AR vs EAGLE-2 / static tree / LANTERN / LANTERN++ / SJD / coupled and relaxed
 ## Jacobi, 128 images per row, interleaved; then images/s of every mode next to AR at batch 1, 4 and 8;
 ## then the Anole / Lumina-mGPT / Janus-Pro shapes, tiny and random; then what feeding a drafter LANTERN's
 ## HF-port caption states costs on a GPT-B-shaped t2i target; then batch-invariant decoding, one image per
 ## VQ decoder call, next to one batched call).
 bench: $(STAMP)
+	$(PY) -m lantern_core.benchmarks.decode_counts --dtype bfloat16 --out bench/results
 	$(PY) -m lantern_core.benchmarks.ar --out bench/results
 	$(PY) -m lantern_core.benchmarks.speculative --out bench/results
 	$(PY) -m lantern_core.benchmarks.batched --out bench/results
@@ -68,7 +71,7 @@ bench: $(STAMP)
 	$(PY) -m lantern_core.benchmarks.prefix_states --grid 8 --repeats 2 --out bench/results
 	$(PY) -m lantern_core.benchmarks.decode --repeats 3 --llamagen-batches 1 4 --out bench/results
 
-## The GPU variant (one H200: about 9 minutes) -> bench/results/{ar,iteration_cost,speculative,batched,families,prefix_states,decode}_cuda_bfloat16.*:
+## The GPU variant (one H200: about 9 minutes) -> bench/results/{decode_counts,ar,iteration_cost,speculative,batched,families,prefix_states,decode}_cuda_bfloat16.*:
 ## AR with and without captured CUDA graphs (embedded, GPT-B, GPT-XL, a 7B shape), one iteration of every decoding
 ## mode on GPT-XL shapes next to one AR step, end-to-end speed-ups on the embedded model, images/s at batch 1, 4
 ## and 8, then the prompted families' 7B shapes, the HF-port caption states' cost on GPT-XL t2i and
@@ -76,6 +79,7 @@ bench: $(STAMP)
 ## GPU machines may bring their own PyTorch: `make bench-cuda PY=python3` skips the venv.
 bench-cuda: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 	@status=0; \
+	$(PY) -m lantern_core.benchmarks.decode_counts --device cuda --dtype bfloat16 --out bench/results || status=1; \
 	$(PY) -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --out bench/results || status=1; \
 	$(PY) -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL --iterations 16 --out bench/results || status=1; \
 	$(PY) -m lantern_core.benchmarks.speculative --device cuda --dtype bfloat16 --images 8 --out bench/results || status=1; \

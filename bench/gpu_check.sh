@@ -19,6 +19,7 @@ step() {
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 $PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" > "$OUT/torch.txt" 2>&1
 step test-cuda 90 $PY -m pytest -q -m cuda -rs tests/core
+step decode_counts 40 $PY -m lantern_core.benchmarks.decode_counts --device cuda --dtype bfloat16 --out bench/results
 step ar 130 $PY -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --out bench/results
 step iteration_cost 90 $PY -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL --iterations 16 --out bench/results
 step speculative 65 $PY -m lantern_core.benchmarks.speculative --device cuda --dtype bfloat16 --images 8 --out bench/results

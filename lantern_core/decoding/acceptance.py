@@ -48,10 +48,10 @@ def normalise(x: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
 
 
 def conditional_draft(log_q_left: torch.Tensor) -> torch.Tensor:
-    """(B, V) log-mass of the drafter tokens not drawn yet -> their renormalised probabilities q_j,
+    """(..., V) log-mass of the drafter tokens not drawn yet -> their renormalised probabilities q_j,
     computed in the log domain (exact for any scale); all zeros where nothing is left."""
-    total = torch.logsumexp(log_q_left, dim=-1, keepdim=True)
-    return (log_q_left - torch.where(torch.isfinite(total), total, torch.zeros_like(total))).exp()
+    total = torch.logsumexp(log_q_left, dim=-1, keepdim=True).nan_to_num_(neginf=0.0)  # -inf: nothing left
+    return (log_q_left - total).exp()
 
 
 def absorbed_set(tokens: torch.Tensor, count: torch.Tensor, neighbors: torch.Tensor, k: int, V: int) -> torch.Tensor:
@@ -62,56 +62,74 @@ def absorbed_set(tokens: torch.Tensor, count: torch.Tensor, neighbors: torch.Ten
     return out.scatter(1, near, take)
 
 
+def drafter_conditionals(log_q: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter law each sibling was drawn from, for all m siblings at once: q_j = q without the valid
+    siblings before j, renormalised in the log domain (one logsumexp over (B, m, V), not m of them).
+    log_q (B, V), tokens (B, m), valid (B, m) -> (q_j (B, m, V), q_j(x_j) (B, m)); a q_j with nothing left is 0."""
+    B, m = tokens.shape
+    ranks = torch.arange(m, device=tokens.device)
+    earlier = (ranks[None, :, None] > ranks[None, None, :]) & valid[:, None, :]  # (B, j, i): x_i drawn before x_j
+    removed = torch.where(earlier, float("-inf"), float("inf")).to(log_q.dtype)  # amin: -inf removes, +inf keeps
+    left = log_q[:, None, :].expand(B, m, -1).scatter_reduce(2, tokens[:, None, :].expand(B, m, m), removed, "amin")
+    q_all = conditional_draft(left)  # (B, m, V)
+    return q_all, q_all.gather(2, tokens[:, :, None])[..., 0]
+
+
 def accept_siblings(p: torch.Tensor, log_q: torch.Tensor | None, children: torch.Tensor, uniforms: torch.Tensor,
                     valid: torch.Tensor | None = None, rule: Relaxation | None = None,
                     neighbors: torch.Tensor | None = None) -> SiblingVerdict:
     """p (B, V) target distribution; log_q (B, V) log-probabilities of the drafter distribution the
     siblings were drawn from without replacement, or None for deterministic (top-k) siblings; children
     (B, m) in rank order; uniforms (B, m) in [0, 1); valid (B, m) marks real siblings (padding and
-    q(x) = 0 are skipped). On accelerators a fixed m-step loop of tensor ops with no host syncs; on the
-    CPU it stops early."""
+    q(x) = 0 are skipped). The drafter's conditionals of every sibling come first, in one batch
+    (`drafter_conditionals`); then a fixed m-step loop carries the target residual, a few kernels per sibling
+    (three over the vocabulary), with no host syncs on accelerators; on the CPU it stops early."""
     B, m = children.shape
     V = p.shape[-1]
     device = p.device
-    residual = p.clone()
-    q_left = None if log_q is None else log_q.to(p.dtype).clone()  # log-mass of the tokens not drawn yet
+    residual = p
     accepted = torch.full((B,), -1, dtype=torch.long, device=device)
     absorbed_out = torch.zeros(B, dtype=p.dtype, device=device)
-    rows = torch.arange(B, device=device)
+    ranks = torch.arange(m, device=device)
     relaxed = rule is not None and rule.k > 0
+    x_all = children.clamp(min=0)
     if valid is None:
         valid = torch.ones_like(children, dtype=torch.bool)
+    q_all = q_at = None
     if log_q is not None:
-        valid = valid & (log_q.gather(1, children.clamp(min=0)) > float("-inf"))
+        log_q = log_q.to(p.dtype)
+        valid = valid & (log_q.gather(1, x_all) > float("-inf"))
+        q_all, q_at = drafter_conditionals(log_q, x_all, valid)
     # reading a flag costs nothing on the CPU, so stop as soon as every row is settled (never in a captured step)
     cpu = may_read_host(p.device)
+    # u * q_j(x_j) for every sibling at once: accept iff u < p_x / q_j(x), as a product (q_j(x) > 0 when valid)
+    bars = uniforms[:, :m] if q_at is None else uniforms[:, :m] * q_at  # (B, m)
+    pending = torch.ones(B, dtype=torch.bool, device=device)  # no sibling accepted yet
     for j in range(m):
-        if cpu and not bool(((accepted < 0) & valid[:, j]).any()):
+        if cpu and not bool((pending & valid[:, j]).any()):
             break  # later siblings are padding or unsampled (valid is a prefix of the ranks)
-        x = children[:, j].clamp(min=0)
+        x = x_all[:, j]
         if relaxed:
             mass = relax(residual, x, neighbors, rule)
             p_x, absorbed, count = mass.probability, mass.absorbed, mass.count
         else:
-            p_x, absorbed, count = residual[rows, x], None, None
-        # accept iff u < p_x / q_j(x), written as a product (q_j(x) > 0 for every valid sibling)
-        q_j = None if q_left is None else conditional_draft(q_left)
-        scale = 1.0 if q_j is None else q_j[rows, x]
-        open_rows = (accepted < 0) & valid[:, j]
-        take = open_rows & (uniforms[:, j] * scale < p_x)
-        accepted = torch.where(take, torch.full_like(accepted, j), accepted)
+            p_x, absorbed, count = residual.gather(1, x[:, None])[:, 0], None, None
+        open_rows = pending & valid[:, j]
+        take = open_rows & (bars[:, j] < p_x)
+        rejected = open_rows ^ take  # take implies open
+        pending = pending ^ take
+        accepted = torch.where(take, ranks[j], accepted)
         if absorbed is not None:
             absorbed_out = torch.where(take, absorbed, absorbed_out)
-        reject = (open_rows & ~take)[:, None]
         carve = absorbed_set(x, count, neighbors, rule.k, V) if relaxed else None
-        # after a rejection the residual is never empty in exact arithmetic; if rounding empties it, keep p_j
-        if q_j is not None:
-            q_prime = q_j if carve is None else q_j.masked_fill(carve, 0.0)
-            updated = normalise((residual - q_prime).clamp(min=0.0), residual)
-            kept = torch.where(valid[:, j], torch.full_like(q_left[:, 0], float("-inf")), q_left[rows, x])
-            q_left = q_left.index_put((rows, x), kept)
+        # on rejection the residual becomes normalise(max(0, p_j - q'_j)); if rounding empties it, p_j stays
+        if q_all is not None:
+            q_prime = q_all[:, j] if carve is None else q_all[:, j].masked_fill(carve, 0.0)
+            left = (residual - q_prime).clamp_(min=0.0)
         else:
-            drop = torch.zeros(B, V, dtype=torch.bool, device=device).scatter(1, x[:, None], True)
-            updated = normalise(residual.masked_fill(drop if carve is None else drop | carve, 0.0), residual)
-        residual = torch.where(reject, updated, residual)
+            left = residual.scatter(1, x[:, None], 0.0)
+            if carve is not None:
+                left = left.masked_fill_(carve, 0.0)
+        total = left.sum(-1, keepdim=True)
+        residual = torch.where(rejected[:, None] & (total > 0), left / total, residual)
     return SiblingVerdict(accepted, residual, absorbed_out)

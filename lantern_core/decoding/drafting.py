@@ -43,6 +43,7 @@ class DraftTree:
     children: torch.Tensor  # (n+1, C) or (G, n+1, C) long node ids by rank, -1 padded
     depth: int
     log_q: torch.Tensor | None  # (G, n+1, V) log drafter law each node's children were drawn from; None = top-k
+    widths: tuple[int, ...] | None = None  # static trees: most children a node at depth d has (the walk's trip)
 
 
 class DrafterSession:
@@ -257,7 +258,8 @@ def draft_static(session: DrafterSession, target: ImageTransformer, plan: Static
                                  b.mask[grow][:, 1:], window)
             feats[:, grow] = out
             log_q[:, grow] = distribution.log_probs(target.logits(out), root_index + 1 + b.depths[grow])
-    return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, None if greedy else log_q)
+    return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, None if greedy else log_q,
+                     tuple(plan.width_at[1:]))
 
 
 @dataclass(frozen=True)
@@ -282,10 +284,11 @@ def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: Dyna
     score, tok = logq.topk(K, dim=-1)  # (G, K)
     pool_tok, pool_score = [tok], [score]
     pool_parent = [torch.full((G, K), -1, dtype=torch.long, device=device)]  # pool index of the parent, -1 root
-    frontier = torch.arange(K, device=device).expand(G, K)  # pool ids of the frontier
+    ranks = torch.arange(K, device=device)  # made on the step's device: a CPU index would sync (and fail capture)
+    frontier = ranks.expand(G, K)  # pool ids of the frontier
     feat_in = session.root_feature[:, None].expand(rows, K, dim)
     ancestry = torch.zeros(G, K, D * K, dtype=torch.bool, device=device)  # over drafter tree slots
-    ancestry[:, torch.arange(K), torch.arange(K)] = True
+    ancestry[:, ranks, ranks] = True
     created = K
     for level in range(2, D + 1):
         slots = torch.arange((level - 2) * K, (level - 1) * K, device=device)  # this frontier's slots
@@ -303,7 +306,7 @@ def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: Dyna
         score, tok = c_score.gather(1, best), c_tok.gather(1, best)
         feat_in = out.gather(1, per_row(parent_slot, rows)[..., None].expand(-1, -1, dim))
         ancestry = ancestry[gi, parent_slot]  # (G, K, D*K): inherit the parent's ancestors
-        ancestry[:, torch.arange(K), (level - 1) * K + torch.arange(K)] = True
+        ancestry[:, ranks, (level - 1) * K + ranks] = True
     all_tok, all_score, all_parent = torch.cat(pool_tok, 1), torch.cat(pool_score, 1), torch.cat(pool_parent, 1)
     # keep the best `nodes`; a stable sort puts a parent (created first, score >= child) before its children
     keep = torch.sort(-all_score, dim=1, stable=True).indices[:, : shape.nodes]

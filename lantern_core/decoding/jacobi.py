@@ -212,7 +212,7 @@ def _decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchR
             progress.update(state.done.tolist())  # the one host read per iteration
             accepted = [n - d - 1 if d < N else 0 for n, d in zip(progress.done, before)]
             width = w
-            progress_tokens(out, state.canvas, state.done, progress.images)
+            progress_tokens(out, state.canvas, state.done, progress.index)
             sink.report(progress.total)
             smaller, keep = retire_finished(state, progress, sink, sampling.uses_cfg) if layout.exact else (None, None)
             if smaller is not None:

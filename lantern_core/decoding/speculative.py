@@ -29,6 +29,7 @@ from ..conditioning import Condition, build_prefix
 from . import auto_store
 from ..config import SamplingConfig
 from .ar_step import slots_for
+from .done_reader import DoneReader
 from .drafting import DynamicShape, StaticPlan, plan_static_tree, prefix_inputs
 from .prefix_states import drafter_features
 from ..errors import ConfigError
@@ -352,17 +353,17 @@ class RunTally:
             self.by_node += state.by_node[: self.by_node.numel()]
 
 
-def progress_tokens(out: torch.Tensor, tokens: torch.Tensor, done: torch.Tensor, images: list[int] | None = None) -> None:
-    """Copy the decoded cells of every image of a batch state into `out` (B, N) (rows `images` of it when the
-    state holds only those), -1 where an image has not got that far (so a preview of one image can tell its
-    own progress in a batch that advances unevenly)."""
+def progress_tokens(out: torch.Tensor, tokens: torch.Tensor, done: torch.Tensor, images: torch.Tensor | None = None) -> None:
+    """Copy the decoded cells of every image of a batch state into `out` (B, N) (rows `images`, a device index,
+    of it when the state holds only those), -1 where an image has not got that far (so a preview of one image
+    can tell its own progress in a batch that advances unevenly). Device work only: no host read or upload."""
     N = out.shape[1]
     cells = torch.arange(N, device=out.device)
     current = torch.where(cells < done[:, None], tokens[:, :N], torch.full_like(tokens[:, :N], -1))
     if images is None:
         out.copy_(current)
     else:
-        out.index_copy_(0, torch.tensor(images, dtype=torch.long, device=out.device), current)
+        out.index_copy_(0, images, current)
 
 
 @dataclass
@@ -404,6 +405,7 @@ class BatchProgress:
     done: list[int]
     total: list[int]
     N: int
+    index: torch.Tensor | None = None  # `images` on the device once the state holds fewer images than it started with
 
     @classmethod
     def start(cls, count: int, N: int) -> "BatchProgress":
@@ -422,7 +424,14 @@ class BatchProgress:
         """Tokens done by the furthest image still decoding (what the attention windows must cover)."""
         return max(d for d in self.done if d < self.N)
 
-    def update(self, done: list[int]) -> None:
+    def furthest_after(self, advance: int) -> int:
+        """`furthest` when the counts may be one iteration old (`DoneReader(late=True)`): at most `advance` tokens
+        further, never past the last image token."""
+        return min(self.furthest + advance, self.N - 1)
+
+    def update(self, done: list[int] | None) -> None:
+        if done is None:  # a late reader's first read: nothing newer than the counts already held
+            return
         self.done = done
         for image, d in zip(self.images, done):
             self.total[image] = min(d, self.N)
@@ -430,9 +439,10 @@ class BatchProgress:
     def finished(self) -> list[int]:
         return [g for g, d in enumerate(self.done) if d >= self.N]
 
-    def keep(self, local: list[int]) -> None:
+    def keep(self, local: list[int], device: torch.device) -> None:
         self.images = [self.images[g] for g in local]
         self.done = [self.done[g] for g in local]
+        self.index = torch.tensor(self.images, dtype=torch.long, device=device)  # once per shrink, not per iteration
 
 
 def retire_finished(state, progress: BatchProgress, sink: BatchSink, guided: bool):
@@ -448,7 +458,7 @@ def retire_finished(state, progress: BatchProgress, sink: BatchSink, guided: boo
     smaller = state.select(keep, guided)
     sink.tally.cache_bytes = max(sink.tally.cache_bytes, state.nbytes)
     state.release()
-    progress.keep(keep)
+    progress.keep(keep, state.done.device)
     return smaller, keep
 
 
@@ -614,12 +624,14 @@ def _decode_batch(model: ImageTransformer, drafter: EagleDrafter, spec: Speculat
         tally.batches += 1
         progress = BatchProgress.start(shape.trees, N)
         sink.report(progress.total)
+        reader = DoneReader(state.done, late=not layout.exact)  # captured loops read one iteration late
+        lag = shape.depth + 1 if reader.late else 0  # tokens an image may have gained since the counts were read
         while progress.running:
             draw_iteration_noise(state, generators, progress.active)
-            step_runner.run(tree_windows(T + progress.furthest - 1, shape, layout.exact))
+            step_runner.run(tree_windows(T + progress.furthest_after(lag) - 1, shape, layout.exact))
             tally.batch_iterations += 1
-            progress.update(state.done.tolist())  # the one host read per iteration
-            progress_tokens(out, state.tokens, state.done, progress.images)
+            progress.update(reader.read(state.done))  # the one host read per iteration
+            progress_tokens(out, state.tokens, state.done, progress.index)
             sink.report(progress.total)
             smaller, keep = retire_finished(state, progress, sink, guided) if layout.exact else (None, None)
             if smaller is not None:

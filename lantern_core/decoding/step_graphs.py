@@ -57,6 +57,21 @@ class static_only:
         _STATIC_ONLY.on = self.before
 
 
+class gpu_path(static_only):
+    """Within this context every decoder runs, eagerly on any device, the code a capturing device replays: windowed
+    attention in `SLOT_BUCKET` bands, fixed-trip loops with no early exit, no shrinking of the batch. The kernel
+    counter (`benchmarks/kernel_count.py`) and the capture-legality tests measure this path on the CPU."""
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        self.windowed = getattr(_STATIC_ONLY, "windowed", False)
+        _STATIC_ONLY.windowed = True
+
+    def __exit__(self, *exc) -> None:
+        _STATIC_ONLY.windowed = self.windowed
+        super().__exit__(*exc)
+
+
 def may_read_host(device: torch.device) -> bool:
     """Whether a fixed-trip loop may read a flag to stop early: only on the CPU, where a read costs no device
     sync, and never while torch.compile traces (a read would break the graph) or under `static_only`."""
@@ -97,6 +112,8 @@ class RunLayout:
 
 
 def layout_for(compile: str, device: torch.device) -> RunLayout:
+    if getattr(_STATIC_ONLY, "windowed", False):  # `gpu_path`: the captured layout, run eagerly
+        return RunLayout(graphs=False, exact=False)
     return RunLayout(graphs=uses_graphs(compile, device), exact=not uses_graphs("auto", device))
 
 
@@ -111,6 +128,7 @@ class StepRunner:
     signature: tuple = ()
     shared: bool = False  # held by the registry across runs: the caller must not release it
     also: tuple = ()  # ids of the other modules the graphs read (e.g. the drafter): releasing one drops them
+    warned: bool = False  # said once that a variant had no graph
 
     @property
     def captured(self) -> bool:
@@ -120,8 +138,12 @@ class StepRunner:
         graph = self.graphs.get(variant)
         if graph is not None:
             graph.replay()
-        else:
-            self.step(variant)
+            return
+        if self.graphs and not self.warned:  # captured, but not this variant: say so once, never silently
+            self.warned = True
+            log.warning("no captured CUDA graph for step variant %r (captured: %d variants); running it eagerly",
+                        variant, len(self.graphs))
+        self.step(variant)
 
     def release(self) -> None:
         self.graphs = {}
@@ -151,7 +173,8 @@ def capture(step: Callable[[], None], device: torch.device, pool=None,
     torch.cuda.current_stream(device).wait_stream(stream)
     prepare()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    # thread-local: another thread of the host (ComfyUI runs several) touching CUDA meanwhile does not break it
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         step()
     torch.cuda.synchronize(device)
     return graph

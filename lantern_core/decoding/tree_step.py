@@ -234,7 +234,7 @@ def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length:
                                  spec.relaxation, neighbors)
     else:
         walk = walk_tree(target, tree.children, tree.tokens, tree.depth, uniforms, tree.log_q, greedy,
-                         spec.relaxation, neighbors)
+                         spec.relaxation, neighbors, tree.widths)
     return Verification(walk, hidden)
 
 

@@ -43,11 +43,13 @@ def greedy_children(scores: torch.Tensor, child_tokens: torch.Tensor, valid: tor
 
 def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.Tensor, depth: int,
               uniforms: torch.Tensor, drafter_log_q: torch.Tensor | None = None, greedy: bool = False,
-              rule: Relaxation | None = None, neighbors: torch.Tensor | None = None) -> WalkResult:
+              rule: Relaxation | None = None, neighbors: torch.Tensor | None = None,
+              widths: tuple[int, ...] | None = None) -> WalkResult:
     """target (B, n+1, V): target probabilities at each node (greedy: CFG-combined logits); children
     (n+1, C) or per row (B, n+1, C) node ids by rank, -1 padded; node_tokens (B, n+1); uniforms (B, depth, C+1);
     drafter_log_q (B, n+1, V) log drafter distributions for sampled trees, None when children are
-    deterministic (top-k)."""
+    deterministic (top-k); `widths[d]` (static trees) the most children a depth-d node has, so the sibling
+    loop at depth d runs that many times instead of C (the padding it skips changes nothing)."""
     B = target.shape[0]
     device = target.device
     rows = torch.arange(B, device=device)
@@ -64,15 +66,16 @@ def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.T
     for d in range(depth):
         if cpu and d > 0 and not bool(alive.any()):
             break
-        kids = children[cur] if children.dim() == 2 else children[rows, cur]  # (B, C)
+        width = C if widths is None else max(min(widths[d], C), 1)
+        kids = (children[cur] if children.dim() == 2 else children[rows, cur])[:, :width]  # (B, width)
         valid = (kids >= 0) & alive[:, None]
-        tokens = node_tokens[rows[:, None], kids.clamp(min=0)]  # (B, C)
+        tokens = node_tokens[rows[:, None], kids.clamp(min=0)]  # (B, width)
         here = target[rows, cur]  # (B, V)
         if greedy:
             choice, mass = greedy_children(here, tokens, valid, rule, neighbors)
         else:
             log_q = None if drafter_log_q is None else drafter_log_q[rows, cur]
-            verdict = accept_siblings(here, log_q, tokens, uniforms[:, d, :C], valid, rule, neighbors)
+            verdict = accept_siblings(here, log_q, tokens, uniforms[:, d, :width], valid, rule, neighbors)
             choice, mass = verdict.accepted, verdict.absorbed
             # a row that rejected every real child keeps its residual for the bonus draw
             stop = alive & valid.any(-1) & (choice < 0)

@@ -57,7 +57,7 @@ class EagleDrafter(Fp32Rope):
         if self.config.embed_scale > 1.0:  # LANTERN's embed_upscale: every input embedding, after the cast
             emb = emb * self.config.embed_scale
         h = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, 2*dim) -> (B, T, dim)
-        return self.layers[0](h, self.rope_table[step.positions], step, 0)
+        return self.layers[0](h, self.rope_table[step.positions], step.with_additive_mask(h.dtype), 0)
 
     def allocate_cache(self, batch: int, max_len: int, device=None, dtype=None) -> KVCache:
         weight = self.fc.weight

@@ -34,21 +34,44 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x * rsqrt(mean(x^2) + eps) in fp32, cast back, then the weight (LlamaGen's order), as one fused op
-        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x) * self.weight
+        # x * rsqrt(mean(x^2) + eps) * weight in one op: one fused kernel on CUDA and MPS (statistics in float32
+        # inside it); LlamaGen casts to float32, rounds the normalised x to the model dtype and then multiplies by
+        # the weight. In float32 both are the same arithmetic; in half precision ours rounds once instead of
+        # twice (within one unit in the last place of LlamaGen's result).
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x), no biases."""
+    """SwiGLU: w2(silu(w1 x) * w3 x), no biases. w1 and w3 are held as one (2 * hidden, dim) matrix `w13`
+    (one GEMM instead of two); checkpoints keep LlamaGen's separate `w1.weight` and `w3.weight`, which
+    `state_dict()` writes and `load_state_dict()` reads (strictly: both or an error)."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.hidden = hidden
+        self.w13 = nn.Linear(dim, 2 * hidden, bias=False)  # rows [w1; w3]: init draws w1's numbers, then w3's
         self.w2 = nn.Linear(hidden, dim, bias=False)
+        self._register_state_dict_hook(_split_w13)
+        self._register_load_state_dict_pre_hook(_join_w13, with_module=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w13(x).split(self.hidden, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+def _split_w13(module: FeedForward, state: dict, prefix: str, local_metadata) -> None:
+    """state_dict(): `w13.weight` -> LlamaGen's `w1.weight` and `w3.weight` (views, no copy)."""
+    w13 = state.pop(prefix + "w13.weight", None)
+    if w13 is not None:
+        state[prefix + "w1.weight"], state[prefix + "w3.weight"] = w13.split(module.hidden, dim=0)
+
+
+def _join_w13(module: FeedForward, state: dict, prefix: str, *args) -> None:
+    """load_state_dict(): LlamaGen's `w1.weight` and `w3.weight` -> `w13.weight`. With only one of them the keys
+    stay as they are, so the strict load names what is missing."""
+    w1, w3 = prefix + "w1.weight", prefix + "w3.weight"
+    if w1 in state and w3 in state and state[w1].shape == state[w3].shape and state[w1].dim() == 2:
+        state[prefix + "w13.weight"] = torch.cat([state.pop(w1), state.pop(w3)], dim=0)
 
 
 class HeadLayerNorm(nn.Module):
@@ -83,13 +106,16 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, step: "ForwardStep", layer: int) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = self.wqkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(B, T, self.n_head, self.head_dim)
-        k = k.view(B, T, self.n_kv_head, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        qkv = self.wqkv(x)  # (B, T, q_size + 2 kv_size)
+        if self.q_norm is None:  # q and k rotated together: one RoPE (and cast) instead of two
+            qk = qkv[..., :self.q_size + self.kv_size].view(B, T, self.n_head + self.n_kv_head, self.head_dim)
+            q, k = apply_rope(qk, rope).split([self.n_head, self.n_kv_head], dim=2)
+        else:
+            q = self.q_norm(qkv[..., :self.q_size].view(B, T, self.n_head, self.head_dim))
+            k = self.k_norm(qkv[..., self.q_size:self.q_size + self.kv_size].view(B, T, self.n_kv_head, self.head_dim))
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        v = qkv[..., self.q_size + self.kv_size:].view(B, T, self.n_kv_head, self.head_dim)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if step.cache is not None:  # keys/values of every slot up to kv_len, (B, H_kv, kv_len, D)
             k, v = step.cache.update(layer, step.slots, k, v, step.kv_len)
         out = F.scaled_dot_product_attention(
@@ -163,8 +189,16 @@ class ForwardStep:
         self.positions = positions  # (T,) RoPE rows
         self.slots = positions if slots is None else slots  # (T,) cache slots written
         self.kv_len = kv_len
-        self.mask = mask  # (B, 1, T, kv_len) bool or None (causal)
+        self.mask = mask  # (B, 1, T, kv_len) bool, or additive in the model dtype, or None (causal)
         self.cache = cache
+
+    def with_additive_mask(self, dtype: torch.dtype) -> "ForwardStep":
+        """This step with a boolean mask turned into the additive one (0 where visible, -inf elsewhere) that
+        attention would otherwise build from it in every layer: once per forward instead of once per layer."""
+        if self.mask is None or self.mask.dtype != torch.bool:
+            return self
+        additive = self.mask.to(dtype).log_()  # log 1 = 0, log 0 = -inf: two kernels, exact in every dtype
+        return ForwardStep(self.positions, self.cache, self.kv_len, additive, self.slots)
 
 
 class Fp32Rope(nn.Module):
@@ -210,6 +244,7 @@ class ImageTransformer(Fp32Rope):
     def forward(self, h: torch.Tensor, step: ForwardStep) -> torch.Tensor:
         """Run the trunk on embeddings h (B, T, dim); returns final-normed hidden states (B, T, dim)."""
         rope = self.rope_table[step.positions]  # (T, D/2, 2)
+        step = step.with_additive_mask(h.dtype)
         for i, layer in enumerate(self.layers):
             h = layer(h, rope, step, i)
         return self.norm(h)

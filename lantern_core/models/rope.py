@@ -31,7 +31,14 @@ def build_rope_2d(grid_size: int, head_dim: int, base: float = 10000.0, prefix_l
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotate x of shape (B, T, H, D) by table rows of shape (T, D/2, 2) or (B, T, D/2, 2); fp32 maths.
-    One complex multiply per pair (few kernels: this runs twice per layer on every decoding step)."""
+    One complex multiply per pair (few kernels eagerly); under torch.compile the same products written in
+    reals, which Inductor fuses (it generates no code for complex numbers)."""
+    if torch.compiler.is_compiling():
+        xs = x.float().reshape(*x.shape[:-1], -1, 2)  # (B, T, H, D/2, 2)
+        t = (table if table.dim() == 4 else table[None])[:, :, None]  # (B|1, T, 1, D/2, 2) as (cos, sin)
+        real = xs[..., 0] * t[..., 0] - xs[..., 1] * t[..., 1]
+        imag = xs[..., 0] * t[..., 1] + xs[..., 1] * t[..., 0]
+        return torch.stack([real, imag], dim=-1).flatten(3).type_as(x)
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, H, D/2) complex
     rot = torch.view_as_complex(table if table.dim() == 4 else table[None])  # (B|1, T, D/2)
     return torch.view_as_real(pairs * rot[:, :, None]).flatten(3).type_as(x)

@@ -107,11 +107,11 @@ def port_layer(block, heads: int, eps: float, h: torch.Tensor, mask: torch.Tenso
     scores = q @ k.transpose(2, 3) / math.sqrt(D) + mask  # float32 mask: promoted, as in LANTERN
     attn = torch.softmax(scores, dim=-1) @ v  # (B, H, T, D)
     h = h + torch.nn.functional.linear(attn.transpose(1, 2).reshape(B, T, dim), weight(block.attention.wo.weight))
-    ff = block.feed_forward
+    ff = block.feed_forward.state_dict()  # the checkpoint's names: w1, w2, w3
     x = port_rms(h, weight(block.ffn_norm.weight), eps)
-    gate = torch.nn.functional.linear(x, weight(ff.w1.weight))
-    up = torch.nn.functional.linear(x, weight(ff.w3.weight))
-    return h + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight(ff.w2.weight))
+    gate = torch.nn.functional.linear(x, weight(ff["w1.weight"]))
+    up = torch.nn.functional.linear(x, weight(ff["w3.weight"]))
+    return h + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight(ff["w2.weight"]))
 
 
 def lantern_port_target(model, embeddings: torch.Tensor, key_valid: torch.Tensor, run_dtype: torch.dtype,

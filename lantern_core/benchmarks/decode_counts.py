@@ -1,0 +1,344 @@
+"""Kernels and host reads per AR step and per iteration of every decoding mode (`make bench`, `make bench-cuda`):
+the hardware-neutral figures that decide batch-1 speed on a GPU, counted on whatever device runs this.
+
+Each decode runs the path a capturing device replays (`step_graphs.gpu_path`: windowed attention, fixed-trip
+loops, no early exits), eagerly, under `kernel_count.StepCounter`; a few iterations are recorded and the decode
+stops. Per step or iteration: kernels in all and by part (target layers, head, sampling; drafter levels,
+verification forward, distributions, walk / judge, bookkeeping), host reads inside the step (must be 0), host
+reads per iteration of the whole loop (the decoder's own bookkeeping included), random-number kernels inside
+the step and factory calls that named no device. AR steps are counted on the published depths (embedded,
+GPT-B, GPT-XL, a 7B shape) with narrow layers (64 wide, 4 heads): a kernel count depends on the code path, not
+on the width (the tests check it). The CPU's own eager path (exact windows, no mask) is counted too, for
+comparison. Kernel counts never change with the machine; timings are elsewhere (`iteration_cost.py`).
+
+    python -m lantern_core.benchmarks.decode_counts --out bench/results [--dtype bfloat16] [--device cuda]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from ..conditioning import Condition
+from ..config import GPTConfig, SamplingConfig, gpt_preset
+from ..decoding import ar_step as ar_step_module
+from ..decoding import generate as generate_module
+from ..decoding import jacobi as jacobi_module
+from ..decoding import jacobi_step, speculative as speculative_module, tree_step
+from ..decoding.drafting import DrafterSession, DynamicShape
+from ..decoding.generate import generate
+from ..decoding.jacobi import JacobiConfig, jacobi_generate
+from ..decoding.neighbors import build_neighbors
+from ..decoding.relaxation import Grouping, Relaxation
+from ..decoding.sampling import make_generators
+from ..decoding.speculative import NodeDistributions, SpeculativeConfig, speculative_generate
+from ..decoding.step_graphs import gpu_path
+from ..decoding.tree import NAIVE_EXTEND_57
+from .ar import SEVEN_B, machine_info, random_model, write_report
+from .kernel_count import OpCount, StepCounter, difference, module_part, tagged
+
+log = logging.getLogger("lantern_core.benchmarks.decode_counts")
+NARROW = dict(dim=64, n_head=4, n_kv_head=None, ffn_dim=None)
+SHAPES = [("GPT-B c2i 256px", gpt_preset("GPT-B", "c2i", 256)), ("GPT-XL c2i 384px", gpt_preset("GPT-XL", "c2i", 384)),
+          ("7B shape c2i 384px", SEVEN_B)]
+RECORDED = 4  # iterations recorded per decode (every one runs the same fixed-trip code)
+
+
+@dataclass
+class StepCount:
+    """One AR step or one iteration of a mode: kernels (the most any recorded call launched), their split, and
+    the host traffic. `per_layer` is set for AR steps."""
+
+    what: str
+    path: str
+    kernels: int
+    parts: dict = field(default_factory=dict)
+    kinds: dict = field(default_factory=dict)
+    layers: int = 0
+    per_layer: float | None = None
+    host_reads_in_step: int = 0
+    host_reads_per_iteration: float = 0.0
+    rng_kernels: int = 0
+    stray_factories: dict = field(default_factory=dict)
+    reads: dict = field(default_factory=dict)  # which host reads the loop made, per iteration
+
+    @property
+    def beyond_forward(self) -> int:
+        """Kernels besides the target's verification forward (trunk and head)."""
+        return self.kernels - self.parts.get("verification forward", 0)
+
+
+class _Enough(Exception):
+    """Raised from the step callback once enough iterations were recorded."""
+
+
+@contextlib.contextmanager
+def replaced(owner, attribute: str, value) -> Iterator[None]:
+    original = getattr(owner, attribute)
+    setattr(owner, attribute, value)
+    try:
+        yield
+    finally:
+        setattr(owner, attribute, original)
+
+
+def record_decode(run: Callable[[Callable], None], owner, attribute: str, counter: StepCounter,
+                  gpu: bool = True) -> list[tuple]:
+    """Run `run(on_step)` and record its iterations (`owner.attribute` is the per-iteration function the decoder
+    calls by name), on the GPU's code path (`gpu`) or on this device's own. Returns (snapshot at the iteration's
+    start, its own count) per iteration."""
+    original = getattr(owner, attribute)
+    calls: list[tuple] = []
+
+    def iteration(*args, **kwargs):
+        start = counter.snapshot()
+        out = original(*args, **kwargs)
+        calls.append((start, difference(counter.snapshot(), start)))
+        return out
+
+    def on_step(*_) -> None:
+        if len(calls) > RECORDED:
+            raise _Enough
+
+    path = gpu_path() if gpu else contextlib.nullcontext()
+    with replaced(owner, attribute, iteration), path, counter.recording():
+        try:
+            run(on_step)
+        except _Enough:
+            pass
+    if len(calls) < 3:
+        raise RuntimeError(f"{attribute}: only {len(calls)} iterations ran; need 3 to count the loop")
+    return calls
+
+
+def summarise(what: str, path: str, calls: list[tuple], layers: int = 0) -> StepCount:
+    """Per-iteration figures from `record_decode`'s calls: the largest iteration, and the loop's host reads per
+    iteration between the second iteration's start and the last one's."""
+    steps = [count for _, count in calls]
+    largest: OpCount = max(steps, key=lambda c: c.kernels)
+    loop = difference(calls[-1][0], calls[1][0])
+    spans = len(calls) - 2
+    stray = {}
+    for count in steps:
+        stray.update(count.stray_factories)
+    parts = dict(sorted(largest.by_part.items(), key=lambda kv: -kv[1]))
+    per_layer = round(parts.get("target layers", 0) / layers, 2) if layers else None
+    return StepCount(what, path, largest.kernels, parts, dict(largest.by_kind), layers, per_layer,
+                     max(c.syncs for c in steps), round(loop.syncs / spans, 2), largest.by_kind.get("rng", 0),
+                     stray, {k: round(v / spans, 2) for k, v in {**loop.host_reads, "uploads": loop.uploads}.items() if v})
+
+
+def count_ar(model, sampling: SamplingConfig, what: str, device: torch.device, eager_cpu: bool = False) -> StepCount:
+    """Kernels of an AR step of `model` (batch 1): the captured path, or (`eager_cpu`) the CPU's exact-window one."""
+    counter = StepCounter(untagged="bookkeeping")
+    cond = Condition.classes([0], device=device)
+
+    def run(on_step) -> None:
+        generate(model, cond, sampling, make_generators(0, 1, device), on_step, compile="off")
+
+    parts = [(ar_step_module, "sample_step_tokens", "sampling")]
+    with module_part(counter, model.layers, "target layers"), module_part(counter, [model.output], "head"), \
+            tagged(counter, parts):
+        calls = record_decode(run, generate_module, "ar_step", counter, gpu=not eager_cpu)
+    return summarise(what, "cpu eager (exact window)" if eager_cpu else "captured path", calls, len(model.layers))
+
+
+def tree_modes(k: int) -> list[tuple[str, SpeculativeConfig, bool]]:
+    static = dict(tree="static", static_tree=NAIVE_EXTEND_57)
+    dynamic = dict(tree="dynamic", dynamic=DynamicShape(5, 10, 58))
+    rows = []
+    for greedy in (False, True):
+        tag = " greedy" if greedy else ""
+        rows += [(f"static_tree naive_extend_57{tag}", SpeculativeConfig(**static), greedy),
+                 (f"lantern_pp lambda 5 (naive_extend_57){tag}", SpeculativeConfig(**static, relaxation=Relaxation(k=k, lam=5.0)), greedy),
+                 (f"eagle2 d5 k10 n58{tag}", SpeculativeConfig(**dynamic), greedy),
+                 (f"lantern delta 0.1 (eagle2 d5 k10 n58){tag}",
+                  SpeculativeConfig(**dynamic, relaxation=Relaxation(k=k, delta=0.1)), greedy)]
+    return rows
+
+
+def jacobi_modes(k: int) -> list[tuple[str, JacobiConfig, bool]]:
+    coupled = dict(coupled=True, init="sample_left")
+    return [("sjd w16", JacobiConfig(16, init="sample_left"), False),
+            ("sjd_coupled w16", JacobiConfig(16, **coupled), False),
+            ("sjd_relaxed lambda 5 w16", JacobiConfig(16, **coupled, relaxation=Relaxation(k=k, lam=5.0)), False),
+            ("sjd_relaxed gsd w16", JacobiConfig(16, **coupled, grouping=Grouping(k=k, gap=0.15)), False),
+            ("sjd w16 greedy", JacobiConfig(16, init="sample_left"), True)]
+
+
+def count_tree(model, drafter, spec: SpeculativeConfig, sampling: SamplingConfig, neighbors, what: str,
+               device: torch.device) -> StepCount:
+    counter = StepCounter(untagged="bookkeeping")
+    cond = Condition.classes([1], device=device)
+    parts = [(tree_step, "draft_static", "drafter levels"), (tree_step, "draft_dynamic", "drafter levels"),
+             (DrafterSession, "consume", "drafter consume"), (tree_step, "forward_tree", "verification forward"),
+             (NodeDistributions, "__call__", "distributions"), (NodeDistributions, "combine", "distributions"),
+             (tree_step, "walk_tree", "walk"), (tree_step, "walk_longest_path", "walk")]
+
+    def run(on_step) -> None:
+        speculative_generate(model, drafter, cond, sampling, spec, make_generators(0, 1, device), neighbors, on_step,
+                             compile="off")
+
+    with module_part(counter, [model.output], "verification forward"), tagged(counter, parts):
+        calls = record_decode(run, speculative_module, "tree_iteration", counter)
+    return summarise(what, "captured path", calls)
+
+
+def count_jacobi(model, config: JacobiConfig, sampling: SamplingConfig, neighbors, what: str,
+                 device: torch.device) -> StepCount:
+    counter = StepCounter(untagged="bookkeeping")
+    cond = Condition.classes([1], device=device)
+    parts = [(jacobi_step, "refill", "drafts (refill)"), (jacobi_step, "forward_window", "verification forward"),
+             (jacobi_step.JacobiContext, "target", "distributions"), (jacobi_step, "judge_run", "judge")]
+
+    def run(on_step) -> None:
+        jacobi_generate(model, cond, sampling, config, make_generators(0, 1, device), neighbors, on_step, compile="off")
+
+    with tagged(counter, parts):
+        calls = record_decode(run, jacobi_module, "jacobi_iteration", counter)
+    return summarise(what, "captured path", calls)
+
+
+def narrow(config: GPTConfig) -> GPTConfig:
+    return replace(config, **NARROW)
+
+
+KERNEL_CALL = re.compile(r"^\s*(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|torch\.ops\.\w+\.\w+(\.\w+)?|"
+                         r"aten\.\w+(\.\w+)?)\(")
+
+
+def inductor_kernels(code: str) -> int:
+    """Kernel launches in Inductor's generated `call` function: its fused kernels (C++ on the CPU, Triton on CUDA)
+    and the library calls it keeps (GEMMs, attention)."""
+    body = code[code.index("def call("):]
+    return sum(1 for line in body.splitlines() if KERNEL_CALL.match(line))
+
+
+def count_inductor_ar(config: GPTConfig, sampling: SamplingConfig, device: torch.device, dtype: torch.dtype) -> StepCount:
+    """An AR step compiled by Inductor (`fullgraph=True, dynamic=False`, the captured path's masked window): kernels
+    at 2 and 4 layers of `config`'s width, so per layer = half the difference."""
+    from torch._inductor.utils import run_and_get_code
+
+    from ..decoding.ar_step import ARBuffers, ARShape, ar_step
+
+    counts = {}
+    for layers in (2, 4):
+        model = random_model(replace(config, n_layer=layers), device, dtype)
+        shape = ARShape(1, 128, config.num_image_tokens, sampling)
+        buffers = ARBuffers.allocate(model, shape)
+        buffers.index.fill_(3)
+        step = torch.compile(lambda: ar_step(model, shape, buffers, 64, True), backend="inductor", fullgraph=True,
+                             dynamic=False)
+        _, codes = run_and_get_code(step)
+        counts[layers] = sum(inductor_kernels(code) for code in codes)
+        torch._dynamo.reset()
+    per_layer = (counts[4] - counts[2]) / 2
+    total = counts[2] + (config.n_layer - 2) * per_layer
+    return StepCount(f"{config.n_layer}-layer trunk, Inductor", "torch.compile (inductor) of the captured path",
+                     int(total), {"target layers": int(per_layer * config.n_layer)}, {}, config.n_layer, per_layer)
+
+
+@torch.no_grad()
+def run(device: torch.device, dtype: torch.dtype, k: int = 10, inductor: bool = True) -> dict:
+    from ..loading.embedded import load_embedded
+
+    sampling = SamplingConfig(cfg_scale=4.0, temperature=1.0)
+    greedy = replace(sampling, temperature=0.0)
+    pipe = load_embedded(device, dtype, drafter=True)
+    model, drafter = pipe.gpt.model, pipe.drafter.model
+    neighbors = build_neighbors(pipe.vq.model.quantize.embedding.weight, k).to(device)
+    ar_rows = [count_ar(model, sampling, "embedded", device)]
+    if device.type == "cpu":
+        ar_rows.append(count_ar(model, sampling, "embedded", device, eager_cpu=True))
+    for label, config in SHAPES:
+        shape_model = random_model(narrow(config), device, dtype)
+        ar_rows.append(count_ar(shape_model, sampling, f"{label} ({config.n_layer} layers, narrow)", device))
+        del shape_model
+    if inductor:
+        for label, config in SHAPES[:2]:
+            try:
+                row = count_inductor_ar(narrow(config), sampling, device, dtype)
+                ar_rows.append(replace(row, what=f"{label} ({config.n_layer} layers, narrow)"))
+            except Exception as error:  # a compiler problem must not lose the eager counts
+                log.exception("Inductor count failed")
+                ar_rows.append(StepCount(label, f"inductor failed: {type(error).__name__}: {error}"[:200], -1))
+    mode_rows = [count_ar(model, sampling, "ar", device), count_ar(model, greedy, "ar greedy", device)]
+    for name, spec, is_greedy in tree_modes(k):
+        try:
+            mode_rows.append(count_tree(model, drafter, spec, greedy if is_greedy else sampling, neighbors, name, device))
+        except Exception as error:  # one mode failing must not lose the others
+            log.exception("%s failed", name)
+            mode_rows.append(StepCount(name, f"failed: {type(error).__name__}: {error}"[:200], -1))
+    for name, config, is_greedy in jacobi_modes(k):
+        try:
+            mode_rows.append(count_jacobi(model, config, greedy if is_greedy else sampling, neighbors, name, device))
+        except Exception as error:
+            log.exception("%s failed", name)
+            mode_rows.append(StepCount(name, f"failed: {type(error).__name__}: {error}"[:200], -1))
+    return {"ar_steps": [asdict(r) | {"beyond_forward": r.beyond_forward} for r in ar_rows],
+            "modes": [asdict(r) | {"beyond_forward": r.beyond_forward} for r in mode_rows],
+            "sampling": asdict(sampling), "lantern_k": k}
+
+
+def _parts(parts: dict) -> str:
+    return ", ".join(f"{name} {count}" for name, count in parts.items())
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# Kernels and host reads per step ({report['device']}, {report['dtype']})", "",
+             f"{report['machine']}; torch {report['torch']}; {report['date']}. Counted ATen kernels (views and metadata "
+             "excluded; `rms_norm` as the one fused kernel it is on CUDA), batch 1, cfg 4, the code path CUDA graphs "
+             "replay, run eagerly.", "",
+             "## AR step", "", "| model | path | layers | kernels / step | per layer | outside the layers | split |",
+             "|---|---|---|---|---|---|---|"]
+    for r in report["ar_steps"]:
+        if r["kernels"] < 0:
+            lines.append(f"| {r['what']} | {r['path']} | | | | | |")
+            continue
+        outside = r["kernels"] - r["parts"].get("target layers", 0)
+        lines.append(f"| {r['what']} | {r['path']} | {r['layers']} | {r['kernels']} | {r['per_layer']} | {outside} | "
+                     f"{_parts(r['parts'])} |")
+    lines += ["", "## One iteration of every mode (embedded model and drafter)", "",
+              "| mode | kernels / iteration | beyond the verification forward | split | host reads inside | "
+              "host reads / iteration (loop) | rng kernels inside | factories without a device |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in report["modes"]:
+        if r["kernels"] < 0:
+            lines.append(f"| {r['what']} | {r['path']} | | | | | | |")
+            continue
+        stray = ", ".join(f"{k} x{v}" for k, v in r["stray_factories"].items()) or "none"
+        lines.append(f"| {r['what']} | {r['kernels']} | {r['beyond_forward']} | {_parts(r['parts'])} | "
+                     f"{r['host_reads_in_step']} | {r['host_reads_per_iteration']} | {r['rng_kernels']} | {stray} |")
+    lines += ["", "Per layer: the kernels inside the target's transformer blocks divided by their number. An AR "
+              "step's 'sampling' part is CFG, filters and the draw. 'Host reads / iteration (loop)' counts every "
+              "read the decode loop makes per iteration, the decoder's bookkeeping included; reads inside a step must "
+              "be 0. Goals (issue 27): an AR step <= 24 kernels per layer eager and <= 12 compiled; a sampled 57-node "
+              "static-tree iteration <= 250 kernels beyond its verification forward, a greedy one <= 120; at most one "
+              "host read per iteration."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description="kernels and host reads per AR step and per decoding iteration")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--lantern-k", type=int, default=10)
+    parser.add_argument("--no-inductor", action="store_true", help="skip the torch.compile (Inductor) AR-step counts")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    report = run(device, dtype, args.lantern_k, inductor=not args.no_inductor)
+    report.update(machine_info(device), dtype=args.dtype)
+    write_report(args.out, f"decode_counts_{device.type}_{args.dtype}", report, markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
