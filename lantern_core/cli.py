@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure the auto window again (choices are kept in the user cache folder, "
                         "~/.cache/lantern/auto_choices.json, and reused while the machine, model and settings match)")
     g.add_argument("--compile", default="auto", choices=list(COMPILE_CHOICES),
-                   help="auto replays each decoding step (ar) or iteration (sjd) from a captured CUDA graph on a "
-                        "GPU (eager on CPU/MPS; the same tokens); off: always eager")
+                   help="auto fuses each decoding step or iteration with Inductor and replays it from a captured "
+                        "CUDA graph on a GPU (the first image of a shape compiles); graphs captures without "
+                        "compiling (the same tokens as off); CPU/MPS run eagerly with every choice; off: always eager")
     return parser
 
 

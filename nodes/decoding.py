@@ -88,11 +88,13 @@ class LanternDecodingConfig(io.ComfyNode):
                                tooltip="sjd_relaxed with gsd: a neighbour joins the group when its probability "
                                        "differs from the draft's by less than this (GSD: 0.15)."),
                 io.Combo.Input("compile", options=list(COMPILE_CHOICES), default="auto",
-                               tooltip="auto: on an NVIDIA GPU each decoding step is captured once as a CUDA "
-                                       "graph (per model, batch and shape; a few ms) and replayed, which removes "
-                                       "the per-step launch overhead; the same tokens as off. CPUs and Apple GPUs "
-                                       "run eagerly either way. off: always eager (for debugging). Every mode "
-                                       "uses it: ar steps, draft-tree and Jacobi iterations."),
+                               tooltip="auto: on an NVIDIA GPU each decoding step is fused by PyTorch's "
+                                       "compiler (Inductor; the first image of a model and shape compiles for a "
+                                       "minute or more, later ones reuse it), then captured once as a CUDA graph "
+                                       "and replayed. graphs: capture without compiling (a few ms; the same "
+                                       "tokens as off). CPUs and Apple GPUs run eagerly with every choice. off: "
+                                       "always eager (for debugging). Every mode uses it: ar steps, draft-tree "
+                                       "and Jacobi iterations."),
             ],
             outputs=[LanternDecodingType.Output(display_name="decoding", tooltip="Feed into Lantern: Sampler.")],
         )

@@ -23,7 +23,8 @@ from ..conditioning import Condition
 from ..config import GPTConfig, SamplingConfig, gpt_preset
 from ..loading.embedded import EMBEDDED_GPT, EMBEDDED_NAME
 from ..decoding.generate import generate, synchronize
-from ..decoding.step_graphs import uses_graphs
+from ..decoding.ar_step import slots_for, window_for
+from ..decoding.step_graphs import layout_for, uses_graphs
 from ..models.gpt import ForwardStep, LlamaGenGPT
 from ..models.kv_cache import attention_mask
 from ..decoding.sampling import make_generators
@@ -60,23 +61,34 @@ class VerifyRow:
 
 @torch.no_grad()
 def bare_forward_ms(model: LlamaGenGPT, rows: int, n_tokens: int) -> float:
-    """ms per step of the same forwards `generate` runs (prefill + decode, static cache), nothing else."""
+    """ms per step of the same forwards `generate` runs (prefill + decode, static cache), nothing else: on a device
+    that captures, the same 64-slot attention windows and key mask as the captured step; elsewhere the exact
+    slice without a mask, as there. Positions are sliced from one device tensor (no upload per step)."""
     device = model.tok_embeddings.weight.device
     c = model.config
+    layout = layout_for("auto", device)
     labels = torch.zeros(rows, dtype=torch.long, device=device)
     synchronize(device)
     start = time.perf_counter()
     prefix = model.embed_condition(labels) if c.model_type == "c2i" else None
     assert prefix is not None, "bench uses class-conditional models"
     T = prefix.shape[1]
-    cache = model.allocate_cache(rows, T + n_tokens)
-    positions = torch.arange(T, device=device)
+    slots = slots_for(T, n_tokens, layout.slot_bucket)
+    cache = model.allocate_cache(rows, slots)
+    positions = torch.arange(slots, device=device)
     key_valid = torch.ones(rows, cache.max_len, dtype=torch.bool, device=device)
-    model.logits(model(prefix, ForwardStep(positions, cache, T, attention_mask(key_valid, positions, T)))[:, -1])
+    model.logits(model(prefix, ForwardStep(positions[:T], cache, T, attention_mask(key_valid, positions[:T], T)))[:, -1])
     fed = torch.zeros(rows, 1, dtype=torch.long, device=device)
     for i in range(1, n_tokens):
         pos = T + i - 1
-        model.logits(model(model.embed_tokens(fed), ForwardStep(positions.new_tensor([pos]), cache, pos + 1))[:, -1])
+        slot = positions[pos:pos + 1]  # (1,) a view: no host-to-device copy
+        if layout.exact:
+            step = ForwardStep(slot, cache, pos + 1)
+        else:
+            window = window_for(pos, slots)
+            mask = (positions[:window] <= slot)[None, None, None, :].expand(rows, 1, 1, window)
+            step = ForwardStep(slot, cache, window, mask)
+        model.logits(model(model.embed_tokens(fed), step)[:, -1])
     synchronize(device)
     return 1000.0 * (time.perf_counter() - start) / n_tokens
 

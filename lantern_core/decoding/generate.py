@@ -117,7 +117,8 @@ def reset_for_warmup(runner: StepRunner, variant=None) -> None:
 def ar_runner(model: ImageTransformer, shape: ARShape, layout: RunLayout, masked: bool = True) -> StepRunner:
     """The step runner for `shape`: a cached runner with one CUDA graph per attention window where `layout`
     uses graphs, else `eager_ar_runner` (`masked` as in `ar_step`)."""
-    return runner(model, ("ar", shape), lambda: eager_ar_runner(model, shape, masked), lambda: windows(shape.slots),
+    return runner(model, ("ar", shape), lambda: eager_ar_runner(model, shape, masked),
+                  lambda: [shape.slots] if layout.compiled else windows(shape.slots),
                   reset_for_warmup, layout, model.tok_embeddings.weight.device)
 
 
@@ -139,6 +140,8 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
     layout = layout_for(compile, device)
     shape = ARShape(condition.batch, slots_for(T, n_tokens, layout.slot_bucket), n_tokens, sampling)
     window = exact_window if layout.exact else window_for  # exact: the bare forward's cost
+    if layout.compiled:  # one compiled variant: the whole cache, masked (as gpt-fast attends)
+        window = lambda slot, slots: slots  # noqa: E731
     step_runner = ar_runner(model, shape, layout, masked=not layout.exact or not bool(prefix.key_valid.all()))
     buffers: ARBuffers = step_runner.buffers
     try:

@@ -159,7 +159,8 @@ def jacobi_runner(model: ImageTransformer, shape: JacobiShape, dist: NodeDistrib
         context = JacobiContext(model, shape, dist)
         return StepRunner(lambda variant: jacobi_iteration(context, state, variant[1]), state)
 
-    return runner(model, ("jacobi", shape), build, lambda: jacobi_bands(shape),
+    variants = (lambda: [jacobi_window(0, shape, False, whole=True)]) if layout.compiled else (lambda: jacobi_bands(shape))
+    return runner(model, ("jacobi", shape), build, variants,
                   lambda r, variant: r.buffers.reset_for_warmup(variant[0] if variant else 0), layout,
                   model.tok_embeddings.weight.device)
 
@@ -207,7 +208,7 @@ def _decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchR
             before = progress.done
             w = [min(W, N - d) for d in before]  # never draft past the last image token
             draw_jacobi_noise(state, shape, generators, [wd - a for wd, a in zip(width, accepted)], w, progress.active)
-            step_runner.run(jacobi_window(T + progress.furthest - 1, shape, layout.exact))
+            step_runner.run(jacobi_window(T + progress.furthest - 1, shape, layout.exact, layout.compiled))
             tally.batch_iterations += 1
             progress.update(state.done.tolist())  # the one host read per iteration
             accepted = [n - d - 1 if d < N else 0 for n, d in zip(progress.done, before)]

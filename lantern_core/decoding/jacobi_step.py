@@ -55,13 +55,15 @@ class JacobiShape:
         return self.rows // 2 if self.sampling.uses_cfg else self.rows
 
 
-def jacobi_window(length: int, shape: JacobiShape, exact: bool) -> tuple[int, int]:
+def jacobi_window(length: int, shape: JacobiShape, exact: bool, whole: bool = False) -> tuple[int, int]:
     """(band start, keys) for the forward at committed `length`: exactly length + W + 1 keys (devices that never
-    capture), or rounded so one value serves every length of a `SLOT_BUCKET`-wide band; the start is where
-    a capture of that band warms up."""
+    capture), the whole cache (`whole`: one variant for an Inductor-compiled iteration), or rounded so one value
+    serves every length of a `SLOT_BUCKET`-wide band; the start is where a capture of that band warms up."""
     extent = shape.window + 1
     if exact:
         return length, length + extent
+    if whole:
+        return 0, shape.slots
     return length // SLOT_BUCKET * SLOT_BUCKET, band_window(length, extent, shape.slots)
 
 

@@ -59,9 +59,19 @@ def generator_for(generator: Generators, i: int) -> torch.Generator | None:
     return generator[i]
 
 
+def cdf_dtype(device: torch.device) -> torch.dtype:
+    """float64 wherever the device has it (MPS has not: float32 there)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling: probs (B, V), uniforms (B,) -> tokens (B,). Never picks a zero-prob token."""
-    cdf = probs.cumsum(-1)
+    """Inverse-CDF sampling: probs (B, V), uniforms (B,) -> tokens (B,). Never picks a zero-prob token.
+
+    The cumulative sum runs in float64: CUDA's scan is not bitwise reproducible run to run, and in float32 its
+    rounding (about 1e-7 of the total at each of V cells) can decide a draw whose uniform falls that close to a
+    cell's edge, so the same seed could give another image on the next run; float64 shrinks that margin to
+    about 1e-16, a chance of the order of V x 1e-16 per token."""
+    cdf = probs.to(cdf_dtype(probs.device)).cumsum(-1)
     threshold = uniforms[:, None].to(cdf.dtype) * cdf[:, -1:]
     return (cdf <= threshold).sum(-1).clamp_(max=probs.shape[-1] - 1)
 

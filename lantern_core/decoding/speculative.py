@@ -582,7 +582,8 @@ def tree_runner(model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape
         context = TreeContext(model, drafter, shape, plan, dist)
         return StepRunner(lambda windows: tree_iteration(context, state, windows), state)
 
-    return runner(model, ("tree", shape, id(drafter)), build, lambda: band_windows(shape),
+    variants = (lambda: [tree_windows(0, shape, False, whole=True)]) if layout.compiled else (lambda: band_windows(shape))
+    return runner(model, ("tree", shape, id(drafter)), build, variants,
                   lambda r, windows: r.buffers.reset_for_warmup(windows.start if windows else 0), layout,
                   model.tok_embeddings.weight.device, also=(drafter,))
 
@@ -628,7 +629,7 @@ def _decode_batch(model: ImageTransformer, drafter: EagleDrafter, spec: Speculat
         lag = shape.depth + 1 if reader.late else 0  # tokens an image may have gained since the counts were read
         while progress.running:
             draw_iteration_noise(state, generators, progress.active)
-            step_runner.run(tree_windows(T + progress.furthest_after(lag) - 1, shape, layout.exact))
+            step_runner.run(tree_windows(T + progress.furthest_after(lag) - 1, shape, layout.exact, layout.compiled))
             tally.batch_iterations += 1
             progress.update(reader.read(state.done))  # the one host read per iteration
             progress_tokens(out, state.tokens, state.done, progress.index)

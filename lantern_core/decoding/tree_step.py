@@ -81,13 +81,16 @@ class TreeWindows:
     consume: int  # drafter over the accepted path: >= length + depth + 1
 
 
-def tree_windows(length: int, shape: TreeShape, exact: bool) -> TreeWindows:
+def tree_windows(length: int, shape: TreeShape, exact: bool, whole: bool = False) -> TreeWindows:
     """Windows for an iteration at committed `length`: exactly the keys each forward needs (`exact`, for
-    devices that never capture: the step-by-step decoder's own shapes), or those rounded so that one
-    variant serves every length of a `SLOT_BUCKET`-wide band (a few graphs per image)."""
+    devices that never capture: the step-by-step decoder's own shapes), the whole cache (`whole`: one variant
+    for an Inductor-compiled iteration), or those rounded so that one variant serves every length of a
+    `SLOT_BUCKET`-wide band (a few graphs per image)."""
     extents = (shape.draft_slots, shape.nodes + 1, shape.depth + 1)
     if exact:
         return TreeWindows(length, *(length + e for e in extents))
+    if whole:
+        return TreeWindows(0, shape.slots, shape.slots, shape.slots)
     return TreeWindows(length // SLOT_BUCKET * SLOT_BUCKET, *(band_window(length, e, shape.slots) for e in extents))
 
 

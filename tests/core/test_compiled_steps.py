@@ -1,0 +1,72 @@
+"""compile = "auto" on CUDA fuses each step with Inductor inside our own graph capture (issue 27 item 3). The
+compiled layout (one variant attending over the whole cache, the step wrapped by `compiled_step`) is run here
+on the CPU with Inductor's C++ back end: the same greedy tokens as eager, one compile reused by a second image,
+and a step that fails to compile falls back with one warning instead of failing the image."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from lantern_core.conditioning import Condition
+from lantern_core.config import SamplingConfig
+from lantern_core.decoding import step_graphs
+from lantern_core.decoding.generate import generate
+from lantern_core.decoding.sampling import make_generators
+from lantern_core.decoding.step_graphs import COMPILE_CHOICES, RunLayout, check_compile, compiled_step, layout_for
+from lantern_core.errors import ConfigError
+from tiny_models import TINY_C2I, random_gpt
+
+GREEDY = SamplingConfig(cfg_scale=3.0, temperature=0.0)
+
+
+@pytest.fixture
+def compiled_everywhere(monkeypatch):
+    """The CUDA layout of compile "auto" on this CPU: graphs (their capture fails here: one warning, then the
+    runner steps eagerly on the same buffers) with every step compiled by Inductor."""
+    monkeypatch.setattr(step_graphs, "uses_graphs", lambda choice, device: choice in ("auto", "graphs"))
+    monkeypatch.setattr(step_graphs, "uses_inductor", lambda choice, device: choice == "auto")
+
+
+def test_compile_choices_and_layouts():
+    assert COMPILE_CHOICES == ("auto", "graphs", "off")
+    with pytest.raises(ConfigError, match="compile"):
+        check_compile("inductor")
+    cpu = torch.device("cpu")
+    assert layout_for("auto", cpu) == layout_for("graphs", cpu) == layout_for("off", cpu) == RunLayout(False, True, False)
+
+
+def test_an_inductor_compiled_ar_step_gives_the_eager_tokens_and_is_compiled_once(compiled_everywhere, caplog):
+    torch._dynamo.reset()
+    model = random_gpt(TINY_C2I, seed=3)
+    eager = generate(model, Condition.classes([1, 4]), GREEDY, make_generators(0, 2), compile="off").tokens
+    with caplog.at_level(logging.INFO, logger="lantern_core.step_graphs"):
+        first = generate(model, Condition.classes([1, 4]), GREEDY, make_generators(0, 2), compile="auto").tokens
+        second = generate(model, Condition.classes([2, 0]), GREEDY, make_generators(5, 2), compile="auto").tokens
+    assert torch.equal(first, eager)
+    assert torch.equal(second, generate(model, Condition.classes([2, 0]), GREEDY, make_generators(5, 2),
+                                        compile="off").tokens)
+    compiles = [r for r in caplog.records if "compiling the ar step" in r.getMessage()]
+    assert len(compiles) == 1  # the runner (and its compiled step) is reused by the second image
+    assert not [r for r in caplog.records if "could not compile" in r.getMessage()]  # Inductor really ran
+    assert step_graphs.cached_runners(model) == 1
+    step_graphs.release(model)
+    torch._dynamo.reset()
+
+
+def test_a_step_that_fails_to_compile_runs_as_it_is_with_one_warning(caplog):
+    calls = []
+
+    def step(variant):
+        calls.append(variant)
+        if torch.compiler.is_compiling():
+            raise RuntimeError("not compilable")  # stands in for an Inductor failure
+        return variant
+
+    run = compiled_step(step, "test")
+    with caplog.at_level(logging.WARNING, logger="lantern_core.step_graphs"):
+        assert run(3) == 3 and run(4) == 4
+    warnings = [r for r in caplog.records if "could not compile" in r.getMessage()]
+    assert len(warnings) == 1 and calls[-2:] == [3, 4]
+    torch._dynamo.reset()
