@@ -204,6 +204,23 @@ def progress_callback(total_tokens: int, preview: Callable[[torch.Tensor, int], 
     return on_step
 
 
+def progress_text() -> Callable[[str], None]:
+    """Show a status line (e.g. "compiling the ar step ...") as the executing node's progress text, where this
+    ComfyUI can (`send_progress_text` and the executing-node context); otherwise a no-op."""
+    try:
+        from comfy_execution.utils import get_executing_context
+        from server import PromptServer
+    except ImportError:
+        return lambda text: None
+
+    def show(text: str) -> None:
+        context = get_executing_context()
+        if context is not None and hasattr(PromptServer.instance, "send_progress_text"):
+            PromptServer.instance.send_progress_text(text, context.node_id)
+
+    return show
+
+
 def preview_size() -> int:
     from comfy.cli_args import args
 

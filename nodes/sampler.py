@@ -17,6 +17,7 @@ from ..lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
 from ..lantern_core.decoding.neighbors import load_or_build_neighbors
 from ..lantern_core.decoding.sampling import make_generators
 from ..lantern_core.decoding.speculative import speculative_generate
+from ..lantern_core.decoding import step_graphs
 
 from . import paths, runtime
 from .types import (LanternCond, LanternCondType, LanternDecoding, LanternDecodingType, LanternModel,
@@ -135,16 +136,22 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
                                             _preview_decoder(model, device) if previews else None,
                                             preview_every=model.config.grid_size * max(1, model.config.grid_size // 8))
         generators = make_generators(seed, condition.batch, device)
-        if jacobi:
-            result = jacobi_generate(model.gpt.model, condition, sampling, decoding.spec, generators, neighbors,
-                                     on_step, compile=decoding.compile)
-        elif speculative:
-            result = speculative_generate(model.gpt.model, decoding.drafter.drafter.model, condition, sampling,
-                                          decoding.spec, generators, neighbors, on_step, compile=decoding.compile)
-        else:
-            result = generate(model.gpt.model, condition, sampling, generators, on_step, compile=decoding.compile)
+        with step_graphs.reporting(runtime.progress_text()):  # a first Inductor compile says so on the node
+            result = _decode(model, decoding, condition, sampling, generators, neighbors, on_step)
     payload = stats_payload(result, decoding, descriptions)
     return LanternTokens(result.tokens.cpu(), model, payload), payload
+
+
+def _decode(model: LanternModel, decoding: LanternDecoding, condition, sampling: SamplingConfig, generators,
+            neighbors, on_step) -> GenerationResult:
+    """The decoder the settings name: a Jacobi window, a draft tree, or plain AR."""
+    if isinstance(decoding.spec, JacobiConfig):
+        return jacobi_generate(model.gpt.model, condition, sampling, decoding.spec, generators, neighbors, on_step,
+                               compile=decoding.compile)
+    if decoding.mode != "ar":
+        return speculative_generate(model.gpt.model, decoding.drafter.drafter.model, condition, sampling,
+                                    decoding.spec, generators, neighbors, on_step, compile=decoding.compile)
+    return generate(model.gpt.model, condition, sampling, generators, on_step, compile=decoding.compile)
 
 
 class LanternSampler(io.ComfyNode):

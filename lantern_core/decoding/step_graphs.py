@@ -74,6 +74,35 @@ class gpu_path(static_only):
         super().__exit__(*exc)
 
 
+_STATUS = threading.local()
+
+
+class reporting:
+    """Within this context, what a run wants its user to see while it waits (an Inductor compile) goes to
+    `announce(text)` as well as to the log: the ComfyUI sampler shows it as the node's progress text."""
+
+    def __init__(self, announce: Callable[[str], None]) -> None:
+        self.announce = announce
+
+    def __enter__(self) -> None:
+        self.before = getattr(_STATUS, "announce", None)
+        _STATUS.announce = self.announce
+
+    def __exit__(self, *exc) -> None:
+        _STATUS.announce = self.before
+
+
+def announce(text: str) -> None:
+    """Log `text` and hand it to the current `reporting` listener, if any (a failing listener is ignored)."""
+    log.info("%s", text)
+    listener = getattr(_STATUS, "announce", None)
+    if listener is not None:
+        try:
+            listener(text)
+        except Exception:  # the display must never fail the run
+            log.debug("status listener failed", exc_info=True)
+
+
 def may_read_host(device: torch.device) -> bool:
     """Whether a fixed-trip loop may read a flag to stop early: only on the CPU, where a read costs no device
     sync, and never while torch.compile traces (a read would break the graph) or under `static_only`."""
@@ -144,8 +173,8 @@ def compiled_step(step: Callable[[Hashable], None], what: str) -> Callable[[Hash
         if state["failed"]:
             return step(variant)
         if not state["compiled"]:
-            log.info("compiling the %s step with Inductor (once per model and shape; a minute or more for large "
-                     "models, then every image reuses it)", what)
+            announce(f"compiling the {what} step with Inductor (once per model and shape; a minute or more for "
+                     "large models, then every image reuses it)")
         try:
             out = compiled(variant)
         except Exception as error:  # the compiler must never fail an image

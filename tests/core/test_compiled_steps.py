@@ -55,6 +55,17 @@ def test_an_inductor_compiled_ar_step_gives_the_eager_tokens_and_is_compiled_onc
     torch._dynamo.reset()
 
 
+def test_the_first_compile_is_announced_to_the_listener_and_a_failing_listener_is_harmless():
+    seen = []
+    run = compiled_step(lambda variant: variant + 1, "probe")
+    with step_graphs.reporting(seen.append):
+        assert run(1) == 2 and run(1) == 2
+    assert len(seen) == 1 and "compiling the probe step" in seen[0]
+    with step_graphs.reporting(lambda text: 1 / 0):
+        assert compiled_step(lambda variant: variant * 2, "probe")(3) == 6
+    torch._dynamo.reset()
+
+
 def test_a_step_that_fails_to_compile_runs_as_it_is_with_one_warning(caplog):
     calls = []
 
