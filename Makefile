@@ -81,7 +81,7 @@ bench-cuda: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 	@status=0; \
 	$(PY) -m lantern_core.benchmarks.decode_counts --device cuda --dtype bfloat16 --out bench/results || status=1; \
 	$(PY) -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --out bench/results || status=1; \
-	$(PY) -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL --iterations 16 --out bench/results || status=1; \
+	$(PY) -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL --iterations 0 --out bench/results || status=1; \
 	$(PY) -m lantern_core.benchmarks.speculative --device cuda --dtype bfloat16 --images 8 --out bench/results || status=1; \
 	$(PY) -m lantern_core.benchmarks.batched --device cuda --dtype bfloat16 --images 8 --out bench/results || status=1; \
 	$(PY) -m lantern_core.benchmarks.families --device cuda --dtype bfloat16 --images 1 --out bench/results || status=1; \

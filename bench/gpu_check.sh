@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU check in one run (~9 minutes on one H200): `make test-cuda`, then each `make bench-cuda` part
+# The whole GPU check in one run (at most ~10 minutes of step budgets on one H200; ~8 expected): `make test-cuda`, then each `make bench-cuda` part
 # under its own timeout. Every log and report is copied to $OUT as soon as it exists, so a part that is killed
 # loses nothing of the others. Uses the machine's own python3 (PY=... to change it); no venv needed.
 #   OUT=/tmp/gpu bash bench/gpu_check.sh
@@ -18,12 +18,12 @@ step() {
 }
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 $PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" > "$OUT/torch.txt" 2>&1
-step test-cuda 90 $PY -m pytest -q -m cuda -rs tests/core
-step decode_counts 40 $PY -m lantern_core.benchmarks.decode_counts --device cuda --dtype bfloat16 --out bench/results
-step ar 130 $PY -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --out bench/results
-step iteration_cost 90 $PY -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL --iterations 16 --out bench/results
-step speculative 65 $PY -m lantern_core.benchmarks.speculative --device cuda --dtype bfloat16 --images 8 --out bench/results
-step batched 70 $PY -m lantern_core.benchmarks.batched --device cuda --dtype bfloat16 --images 8 --out bench/results
-step families 70 $PY -m lantern_core.benchmarks.families --device cuda --dtype bfloat16 --images 1 --out bench/results
-step prefix_states 40 $PY -m lantern_core.benchmarks.prefix_states --device cuda --dtype bfloat16 --model GPT-XL --repeats 2 --out bench/results
-step decode 30 $PY -m lantern_core.benchmarks.decode --device cuda --dtype bfloat16 --repeats 3 --out bench/results
+step test-cuda 80 $PY -m pytest -q -m cuda -rs tests/core
+step decode_counts 30 $PY -m lantern_core.benchmarks.decode_counts --device cuda --dtype bfloat16 --no-inductor --out bench/results
+step ar 170 $PY -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --out bench/results
+step iteration_cost 110 $PY -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL --iterations 0 --out bench/results
+step speculative 55 $PY -m lantern_core.benchmarks.speculative --device cuda --dtype bfloat16 --images 8 --out bench/results
+step batched 55 $PY -m lantern_core.benchmarks.batched --device cuda --dtype bfloat16 --images 8 --out bench/results
+step families 40 $PY -m lantern_core.benchmarks.families --device cuda --dtype bfloat16 --images 1 --out bench/results
+step prefix_states 25 $PY -m lantern_core.benchmarks.prefix_states --device cuda --dtype bfloat16 --model GPT-XL --repeats 2 --out bench/results
+step decode 20 $PY -m lantern_core.benchmarks.decode --device cuda --dtype bfloat16 --repeats 3 --out bench/results

@@ -24,7 +24,7 @@ from ..config import GPTConfig, SamplingConfig, gpt_preset
 from ..loading.embedded import EMBEDDED_GPT, EMBEDDED_NAME
 from ..decoding.generate import generate, synchronize
 from ..decoding.ar_step import slots_for, window_for
-from ..decoding.step_graphs import layout_for, uses_graphs
+from ..decoding.step_graphs import layout_for, uses_graphs, uses_inductor
 from ..models.gpt import ForwardStep, LlamaGenGPT
 from ..models.kv_cache import attention_mask
 from ..decoding.sampling import make_generators
@@ -47,6 +47,7 @@ class ARRow:
     repeats: int
     eager_ms_per_step: float  # generate(compile="off"); equals gen_ms_per_step where nothing is captured
     capture_speedup: float  # eager / captured
+    compiled_ms_per_step: float = float("nan")  # compile "auto": Inductor + graphs (CUDA with Triton, batch 1)
 
 
 @dataclass
@@ -99,22 +100,31 @@ def bench_ar(model: LlamaGenGPT, name: str, batch: int, cfg_scale: float, repeat
     sampling = SamplingConfig(cfg_scale=cfg_scale, temperature=1.0, top_k=0)
     rows = batch * (2 if sampling.uses_cfg else 1)
     condition = Condition.classes([i % model.config.num_classes for i in range(batch)], device=device)
-    captured = uses_graphs("auto", device)
-    generate(model, condition, sampling, make_generators(0, batch, device))  # warm-up (and capture on CUDA)
+    captured = uses_graphs("graphs", device)
+    # one Inductor compile per model, at batch 1, up to GPT-XL's width (a 7B compile would outlast the GPU check)
+    compiled = batch == 1 and model.config.dim <= 1280 and uses_inductor("auto", device)
+    generate(model, condition, sampling, make_generators(0, batch, device), compile="graphs")  # warm-up (capture)
     if captured:
         generate(model, condition, sampling, make_generators(0, batch, device), compile="off")
+    if compiled:
+        generate(model, condition, sampling, make_generators(0, batch, device), compile="auto")  # compiles
     bare_forward_ms(model, rows, n)
-    gen, eager, bare = [], [], []
+    gen, eager, fused, bare = [], [], [], []
     for r in range(repeats):  # interleaved, so drift affects every column alike
-        gen.append(generate(model, condition, sampling, make_generators(r, batch, device)).stats.ms_per_step)
+        gen.append(generate(model, condition, sampling, make_generators(r, batch, device),
+                            compile="graphs").stats.ms_per_step)
         if captured:
             eager.append(generate(model, condition, sampling, make_generators(r, batch, device),
                                   compile="off").stats.ms_per_step)
+        if compiled:
+            fused.append(generate(model, condition, sampling, make_generators(r, batch, device),
+                                  compile="auto").stats.ms_per_step)
         bare.append(bare_forward_ms(model, rows, n))
     g, b = statistics.median(gen), statistics.median(bare)
     e = statistics.median(eager) if eager else g
     return ARRow(name, batch, rows, n, round(g, 3), round(b, 3), round(100.0 * (g / b - 1.0), 2),
-                 round(1000.0 * batch / g, 2), repeats, round(e, 3), round(e / g, 3))
+                 round(1000.0 * batch / g, 2), repeats, round(e, 3), round(e / g, 3),
+                 round(statistics.median(fused), 3) if fused else float("nan"))
 
 
 def bench_verify(model: LlamaGenGPT, name: str, rows: int, repeats: int) -> list[VerifyRow]:
@@ -179,13 +189,16 @@ def markdown(report: dict) -> str:
              f"{report['machine']}; torch {report['torch']}, {report['threads']} threads; "
              f"cfg {report['cfg_scale']}, temperature 1.0; {report['date']}", "",
              "## AR generation vs the bare model forward (same run, interleaved, medians)", "",
-             "| model | batch | rows | tokens | ms/step (generate) | ms/step (eager, compile off) | capture speed-up | "
-             "ms/step (bare eager forward) | overhead vs bare | tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | batch | rows | tokens | ms/step (generate, compile graphs) | ms/step (eager, compile off) | "
+             "capture speed-up | ms/step (compile auto: Inductor + graphs) | ms/step (bare eager forward) | "
+             "overhead vs bare | tokens/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["ar"]:
+        fused = r.get("compiled_ms_per_step", float("nan"))
+        fused = "" if fused != fused else f"{fused:.3f}"  # NaN: not measured (CPU, or batch > 1)
         lines.append(f"| {r['model']} | {r['batch']} | {r['rows']} | {r['tokens']} | {r['gen_ms_per_step']:.3f} | "
-                     f"{r['eager_ms_per_step']:.3f} | {r['capture_speedup']:.2f}x | {r['bare_ms_per_step']:.3f} | "
-                     f"{r['overhead_pct']:+.1f}% | {r['tokens_per_s']:.1f} |")
+                     f"{r['eager_ms_per_step']:.3f} | {r['capture_speedup']:.2f}x | {fused} | "
+                     f"{r['bare_ms_per_step']:.3f} | {r['overhead_pct']:+.1f}% | {r['tokens_per_s']:.1f} |")
     lines += ["", "## One forward verifying n tokens (rows = 2 for CFG, mid-image context)", "",
               "| model | n | context | ms | ms/token | cost vs n=1 |", "|---|---|---|---|---|---|"]
     for r in report["verify"]:
@@ -196,8 +209,10 @@ def markdown(report: dict) -> str:
     if report["ar"]:
         worst = max(r["overhead_pct"] for r in report["ar"] if r["capture_speedup"] == 1.0) \
             if any(r["capture_speedup"] == 1.0 for r in report["ar"]) else None
-        lines += ["", "`generate` replays captured CUDA graphs on CUDA (`compile=auto`) and runs eagerly elsewhere; "
-                      "the bare forward is the same model's eager forwards with nothing else."]
+        lines += ["", "`generate` replays captured CUDA graphs on CUDA (`compile=graphs`) and runs eagerly elsewhere; "
+                      "`compile=auto` also fuses the step with Inductor first (CUDA with Triton, batch 1 rows); "
+                      "the bare forward is the same model's eager forwards with nothing else (on CUDA the same "
+                      "64-slot windows and mask as the captured step)."]
         if worst is not None:
             lines.append(f"Goal (eager): sampling, caching and bookkeeping add at most 10% to the bare forward. "
                          f"Worst overhead in this run: {worst:+.1f}% ({'met' if worst <= 10 else 'NOT met'}).")

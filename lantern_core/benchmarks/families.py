@@ -37,6 +37,7 @@ from ..models.prompted import PromptedImageLM
 from ..decoding.neighbors import build_neighbors
 from ..decoding.relaxation import Relaxation
 from ..decoding.speculative import SpeculativeConfig, speculative_generate
+from .speculative import BENCH_COMPILE
 from ..decoding.tree import NAIVE_EXTEND_57
 from ..decoding.tree_select import verify_times
 
@@ -155,11 +156,13 @@ def bench_family(label: str, model: PromptedImageLM, images: int, device, drafte
             cond = pool.row(seed % PROMPTS)
             gen = torch.Generator(device=device).manual_seed(seed)
             if method is None:
-                result = generate(model, cond, sampling, gen)
+                result = generate(model, cond, sampling, gen, compile=BENCH_COMPILE)
             elif isinstance(method, JacobiConfig):
-                result = jacobi_generate(model, cond, sampling, method, generator=gen, neighbors=neighbors)
+                result = jacobi_generate(model, cond, sampling, method, generator=gen, neighbors=neighbors,
+                                         compile=BENCH_COMPILE)
             else:
-                result = speculative_generate(model, drafter, cond, sampling, method, gen, neighbors)
+                result = speculative_generate(model, drafter, cond, sampling, method, gen, neighbors,
+                                              compile=BENCH_COMPILE)
             passes.append(result.stats.forward_passes)
             accepted.append(result.stats.mean_accepted_length)
 

@@ -23,6 +23,7 @@ from ..config import DrafterConfig, GPTConfig, SamplingConfig, gpt_preset
 from ..decoding.generate import synchronize
 from ..decoding.sampling import make_generators
 from ..decoding.speculative import SpeculativeConfig, speculative_generate
+from .speculative import BENCH_COMPILE
 from ..decoding.tree import chain_tree
 from ..models.drafter import EagleDrafter
 from .ar import machine_info, random_model, write_report
@@ -44,7 +45,8 @@ def measure(model, drafter, condition: Condition, repeats: int) -> dict:
         for states, d in drafters.items():
             synchronize(device)
             start = time.perf_counter()
-            result = speculative_generate(model, d, condition, sampling, spec, make_generators(repeat, condition.batch, device))
+            result = speculative_generate(model, d, condition, sampling, spec, make_generators(repeat, condition.batch, device),
+                                          compile=BENCH_COMPILE)
             synchronize(device)
             if repeat:
                 times[states]["wall_s"].append(time.perf_counter() - start)

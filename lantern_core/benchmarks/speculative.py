@@ -39,6 +39,9 @@ from ..decoding.tree_select import measure_costs
 
 log = logging.getLogger("lantern_core.benchmarks.speculative")
 CPU_DYNAMIC = DynamicShape(depth=3, top_k=4, nodes=8)  # EAGLE-2 at CPU size: its 58 nodes cost ~5 steps here
+# Speed-up tables decode with captured graphs, not compiled ones: an Inductor compile per mode, batch and setting
+# would outlast the GPU check; `ar.py` measures the compiled AR step, `decode_counts.py` its kernels.
+BENCH_COMPILE = "graphs"
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,10 @@ class Method:
 
     def decode(self, model, drafter, cond: Condition, sampling: SamplingConfig, gens, neighbors) -> GenerationResult:
         if self.spec is None:
-            return generate(model, cond, sampling, gens)
+            return generate(model, cond, sampling, gens, compile=BENCH_COMPILE)
         if isinstance(self.spec, JacobiConfig):
-            return jacobi_generate(model, cond, sampling, self.spec, gens, neighbors)
-        return speculative_generate(model, drafter, cond, sampling, self.spec, gens, neighbors)
+            return jacobi_generate(model, cond, sampling, self.spec, gens, neighbors, compile=BENCH_COMPILE)
+        return speculative_generate(model, drafter, cond, sampling, self.spec, gens, neighbors, compile=BENCH_COMPILE)
 
 
 def tree_label(tree: str) -> str:
