@@ -90,6 +90,7 @@ class OpCount:
     by_part: Counter = field(default_factory=Counter)
     by_kind: Counter = field(default_factory=Counter)
     by_op: Counter = field(default_factory=Counter)
+    by_part_op: Counter = field(default_factory=Counter)  # (part, op): where a part's kernels go
     host_reads: Counter = field(default_factory=Counter)
     uploads: int = 0
     stray_factories: Counter = field(default_factory=Counter)
@@ -102,7 +103,8 @@ class OpCount:
         self.kernels += other.kernels
         self.uploads += other.uploads
         for mine, theirs in ((self.by_part, other.by_part), (self.by_kind, other.by_kind), (self.by_op, other.by_op),
-                             (self.host_reads, other.host_reads), (self.stray_factories, other.stray_factories)):
+                             (self.by_part_op, other.by_part_op), (self.host_reads, other.host_reads),
+                             (self.stray_factories, other.stray_factories)):
             mine.update(theirs)
 
 
@@ -194,6 +196,7 @@ class StepCounter:
         t.by_part[self._parts[-1]] += 1
         t.by_kind[kind_of(name)] += 1
         t.by_op[name] += 1
+        t.by_part_op[(self._parts[-1], name)] += 1
 
     def _host_read(self, name: str) -> None:
         if self._on:
@@ -299,7 +302,7 @@ def count_call(fn: Callable[[], object], counter: StepCounter | None = None) -> 
 
 def difference(after: OpCount, before: OpCount) -> OpCount:
     out = OpCount(kernels=after.kernels - before.kernels, uploads=after.uploads - before.uploads)
-    for name in ("by_part", "by_kind", "by_op", "host_reads", "stray_factories"):
+    for name in ("by_part", "by_kind", "by_op", "by_part_op", "host_reads", "stray_factories"):
         counter = Counter(getattr(after, name))
         counter.subtract(getattr(before, name))
         setattr(out, name, Counter({k: v for k, v in counter.items() if v}))

@@ -92,6 +92,7 @@ def accept_siblings(p: torch.Tensor, log_q: torch.Tensor | None, children: torch
     absorbed_out = torch.zeros(B, dtype=p.dtype, device=device)
     ranks = torch.arange(m, device=device)
     relaxed = rule is not None and rule.k > 0
+    ranks_k = torch.arange(rule.k, device=device) if relaxed else None
     x_all = children.clamp(min=0)
     if valid is None:
         valid = torch.ones_like(children, dtype=torch.bool)
@@ -121,15 +122,18 @@ def accept_siblings(p: torch.Tensor, log_q: torch.Tensor | None, children: torch
         accepted = torch.where(take, ranks[j], accepted)
         if absorbed is not None:
             absorbed_out = torch.where(take, absorbed, absorbed_out)
-        carve = absorbed_set(x, count, neighbors, rule.k, V) if relaxed else None
         # on rejection the residual becomes normalise(max(0, p_j - q'_j)); if rounding empties it, p_j stays
         if q_all is not None:
-            q_prime = q_all[:, j] if carve is None else q_all[:, j].masked_fill(carve, 0.0)
-            left = (residual - q_prime).clamp_(min=0.0)
+            left = (residual - q_all[:, j]).clamp_(min=0.0)
         else:
             left = residual.scatter(1, x[:, None], 0.0)
-            if carve is not None:
-                left = left.masked_fill_(carve, 0.0)
+        if relaxed:  # LANTERN's carve-out of the absorbed set A(x): q' = 0 there (sampled), or p_j = 0 (top-k)
+            near = neighbors[x, :rule.k].to(device)  # (B, k) nearest first
+            carved = ranks_k < count[:, None]  # (B, k): the first count[b] neighbours
+            if q_all is not None:  # max(0, p_j - 0) = p_j on A(x); elsewhere amax with 0 keeps max(0, p_j - q_j)
+                left = left.scatter_reduce_(1, near, torch.where(carved, residual.gather(1, near), 0.0), "amax")
+            else:  # 0 on A(x); elsewhere amin with +inf keeps p_j
+                left = left.scatter_reduce_(1, near, torch.where(carved, 0.0, float("inf")).to(left.dtype), "amin")
         total = left.sum(-1, keepdim=True)
         residual = torch.where(rejected[:, None] & (total > 0), left / total, residual)
     return SiblingVerdict(accepted, residual, absorbed_out)

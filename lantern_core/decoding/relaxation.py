@@ -55,8 +55,7 @@ def relax(probs: torch.Tensor, tokens: torch.Tensor, neighbors: torch.Tensor, ru
     budget = prefix.new_full(p_x.shape, rule.delta) if rule.delta is not None else (rule.lam - 1.0) * p_x
     fits = prefix <= budget[:, None]  # monotone in m: a prefix of True
     count = fits.sum(1)  # m*
-    absorbed = torch.where(count > 0, prefix.gather(1, (count - 1).clamp(min=0)[:, None])[:, 0],
-                           torch.zeros_like(p_x))
+    absorbed = (prefix * fits).amax(1)  # S_m*: the prefix sums never decrease, so the last that fits (0 if none)
     return RelaxedMass(p_x + absorbed, absorbed, count)
 
 
