@@ -290,7 +290,7 @@ LIMIT_RUNS = [
                                           custom_tree=json.dumps([[r] for r in range(512)])), **CFG_OFF}),
     ("pp", {"LanternDecodingConfig": dict(mode="lantern_pp", tree="auto")}),
     ("pp", {"LanternDecodingConfig": dict(mode="lantern_pp", lantern_k=65535)}),  # > codebook - 1: a pack error
-    ("sjd", {"LanternDecodingConfig": dict(mode="sjd", jacobi_window=256, jacobi_init="random")}),
+    ("sjd", {"LanternDecodingConfig": dict(mode="sjd", jacobi_window=256, jacobi_init="random", compile="graphs")}),
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd_coupled", jacobi_window=0, jacobi_init="sample_left")}),
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd_relaxed", sjd_relaxation="lantern", delta=0.0, lantern_k=1,
                                            jacobi_window=1, jacobi_init="repeat_above")}),
