@@ -21,7 +21,7 @@ import logging
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
@@ -41,7 +41,7 @@ from ..decoding.speculative import NodeDistributions, SpeculativeConfig, specula
 from ..decoding.step_graphs import gpu_path
 from ..decoding.tree import NAIVE_EXTEND_57
 from .ar import SEVEN_B, machine_info, random_model, write_report
-from .kernel_count import OpCount, StepCounter, difference, module_part, tagged
+from .kernel_count import OpCount, StepCounter, difference, module_part, replaced, tagged
 
 log = logging.getLogger("lantern_core.benchmarks.decode_counts")
 NARROW = dict(dim=64, n_head=4, n_kv_head=None, ffn_dim=None)
@@ -76,16 +76,6 @@ class StepCount:
 
 class _Enough(Exception):
     """Raised from the step callback once enough iterations were recorded."""
-
-
-@contextlib.contextmanager
-def replaced(owner, attribute: str, value) -> Iterator[None]:
-    original = getattr(owner, attribute)
-    setattr(owner, attribute, value)
-    try:
-        yield
-    finally:
-        setattr(owner, attribute, original)
 
 
 def record_decode(run: Callable[[Callable], None], owner, attribute: str, counter: StepCounter,
@@ -262,28 +252,28 @@ def run(device: torch.device, dtype: torch.dtype, k: int = 10, inductor: bool = 
         del shape_model
     if inductor:
         for label, config in SHAPES[:2]:
-            try:
-                row = count_inductor_ar(narrow(config), sampling, device, dtype)
-                ar_rows.append(replace(row, what=f"{label} ({config.n_layer} layers, narrow)"))
-            except Exception as error:  # a compiler problem must not lose the eager counts
-                log.exception("Inductor count failed")
-                ar_rows.append(StepCount(label, f"inductor failed: {type(error).__name__}: {error}"[:200], -1))
+            what = f"{label} ({config.n_layer} layers, narrow)"
+            ar_rows.append(_counted(what, lambda: replace(count_inductor_ar(narrow(config), sampling, device, dtype),
+                                                          what=what)))
     mode_rows = [count_ar(model, sampling, "ar", device), count_ar(model, greedy, "ar greedy", device)]
     for name, spec, is_greedy in tree_modes(k):
-        try:
-            mode_rows.append(count_tree(model, drafter, spec, greedy if is_greedy else sampling, neighbors, name, device))
-        except Exception as error:  # one mode failing must not lose the others
-            log.exception("%s failed", name)
-            mode_rows.append(StepCount(name, f"failed: {type(error).__name__}: {error}"[:200], -1))
+        mode_rows.append(_counted(name, lambda: count_tree(model, drafter, spec, greedy if is_greedy else sampling,
+                                                           neighbors, name, device)))
     for name, config, is_greedy in jacobi_modes(k):
-        try:
-            mode_rows.append(count_jacobi(model, config, greedy if is_greedy else sampling, neighbors, name, device))
-        except Exception as error:
-            log.exception("%s failed", name)
-            mode_rows.append(StepCount(name, f"failed: {type(error).__name__}: {error}"[:200], -1))
+        mode_rows.append(_counted(name, lambda: count_jacobi(model, config, greedy if is_greedy else sampling,
+                                                             neighbors, name, device)))
     return {"ar_steps": [asdict(r) | {"beyond_forward": r.beyond_forward} for r in ar_rows],
             "modes": [asdict(r) | {"beyond_forward": r.beyond_forward} for r in mode_rows],
             "sampling": asdict(sampling), "lantern_k": k}
+
+
+def _counted(what: str, count: Callable[[], StepCount]) -> StepCount:
+    """`count()`, or a row that says why it failed: one mode (or a compiler problem) must not lose the others."""
+    try:
+        return count()
+    except Exception as error:
+        log.exception("%s failed", what)
+        return StepCount(what, f"failed: {type(error).__name__}: {error}"[:200], -1)
 
 
 def _parts(parts: dict) -> str:

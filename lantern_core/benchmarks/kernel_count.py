@@ -9,8 +9,9 @@ hardware-neutral, so `StepCounter` counts them on the CPU: a `TorchDispatchMode`
 what never reaches the dispatcher (`.tolist()`, tensors built from Python data) and flags factory calls
 that name no device (on CUDA those tensors are made on the CPU and copied with a blocking sync, which graph
 capture refuses). `F.rms_norm` counts as one kernel: it is one fused kernel on CUDA and MPS, a composite of
-six on the CPU. Ops are attributed to the innermost tagged part of the code (`tagged`), so a step's count
-splits into forward, drafter levels, distributions, walk / judge and bookkeeping.
+six on the CPU. Ops are attributed to the outermost tagged part of the code (`tagged`, `module_part`: the
+target's head called while drafting is drafting work), so a step's count splits into forward, drafter levels,
+distributions, walk / judge and bookkeeping.
 
 This module measures; it changes no decoding code. `decode_counts.py` runs it over every mode.
 """
@@ -164,23 +165,19 @@ class StepCounter:
             self._on = False
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Run without counting (e.g. the prefill of a decode whose loop is measured)."""
-        before, self._on = self._on, False
-        try:
-            yield
-        finally:
-            self._on = before
-
-    @contextlib.contextmanager
     def part(self, name: str) -> Iterator[None]:
-        """Count what runs inside towards `name`, unless an enclosing part already claims it (the outermost
-        tagged part wins: the target's head called while drafting is drafting work)."""
-        self._parts.append(name if len(self._parts) == 1 else self._parts[-1])
+        """Count what runs inside towards `name`, unless an enclosing part already claims it."""
+        self._enter(name)
         try:
             yield
         finally:
-            self._parts.pop()
+            self._leave()
+
+    def _enter(self, name: str) -> None:
+        self._parts.append(name if len(self._parts) == 1 else self._parts[-1])  # the outermost part wins
+
+    def _leave(self, *_) -> None:
+        self._parts.pop()
 
     def snapshot(self) -> OpCount:
         copy = OpCount()
@@ -236,53 +233,44 @@ def _cross_device(args, kwargs) -> bool:
 
 
 @contextlib.contextmanager
-def tagged(counter: StepCounter, targets: list[tuple[object, str, str]]) -> Iterator[None]:
-    """Within the context, calls to `getattr(owner, attribute)` count towards `part`, for each (owner, attribute,
-    part). Owners are modules whose functions a decoder calls by name, classes, or instances."""
-    saved = []
-    for owner, attribute, part in targets:
-        original = getattr(owner, attribute)
-        saved.append((owner, attribute, owner.__dict__.get(attribute, _MISSING) if hasattr(owner, "__dict__") else _MISSING))
-
-        def wrapper(*args, __original=original, __part=part, **kwargs):
-            with counter.part(__part):
-                return __original(*args, **kwargs)
-
-        if isinstance(owner, type) and not isinstance(owner.__dict__.get(attribute), staticmethod):
-            def method(self, *args, __original=original, __part=part, **kwargs):
-                with counter.part(__part):
-                    return __original(self, *args, **kwargs)
-            setattr(owner, attribute, method)
-        else:
-            setattr(owner, attribute, wrapper)
+def replaced(owner, attribute: str, value) -> Iterator[None]:
+    """`owner.attribute` is `value` within the context (a module's function, a class's method, an instance's)."""
+    own = vars(owner).get(attribute, _INHERITED) if hasattr(owner, "__dict__") else getattr(owner, attribute)
+    setattr(owner, attribute, value)
     try:
         yield
     finally:
-        for owner, attribute, value in reversed(saved):
-            if value is _MISSING:
-                delattr(owner, attribute)
-            else:
-                setattr(owner, attribute, value)
+        if own is _INHERITED:
+            delattr(owner, attribute)  # back to the base class's
+        else:
+            setattr(owner, attribute, own)
 
 
-_MISSING = object()
+_INHERITED = object()
+
+
+@contextlib.contextmanager
+def tagged(counter: StepCounter, targets: list[tuple[object, str, str]]) -> Iterator[None]:
+    """Within the context, calls to `getattr(owner, attribute)` count towards `part`, for each (owner, attribute,
+    part). Owners are modules whose functions a decoder calls by name, or classes (their methods get `self`
+    through `*args`)."""
+    with contextlib.ExitStack() as stack:
+        for owner, attribute, part in targets:
+            def wrapper(*args, __original=getattr(owner, attribute), __part=part, **kwargs):
+                with counter.part(__part):
+                    return __original(*args, **kwargs)
+
+            stack.enter_context(replaced(owner, attribute, wrapper))
+        yield
 
 
 @contextlib.contextmanager
 def module_part(counter: StepCounter, modules, part: str) -> Iterator[None]:
     """Within the context, everything the forward of each of `modules` runs counts towards `part`."""
     handles = []
-    parts = counter._parts
-
-    def enter(*_) -> None:
-        parts.append(part if len(parts) == 1 else parts[-1])
-
-    def leave(*_) -> None:
-        parts.pop()
-
     for module in modules:
-        handles.append(module.register_forward_pre_hook(enter))
-        handles.append(module.register_forward_hook(leave))
+        handles.append(module.register_forward_pre_hook(lambda *_: counter._enter(part)))
+        handles.append(module.register_forward_hook(counter._leave))
     try:
         yield
     finally:

@@ -39,6 +39,7 @@ from . import auto_store
 from ..config import SamplingConfig
 from ..errors import ConfigError
 from .ar_step import slots_for
+from .done_reader import DoneReader
 from .generate import GenerationResult, StepCallback, prefill, synchronize
 from .jacobi_step import (JacobiContext, JacobiShape, JacobiState, draw_jacobi_noise, jacobi_bands, jacobi_iteration,
                           jacobi_window, judge_run)
@@ -204,13 +205,15 @@ def _decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchR
         progress = BatchProgress.start(G, N)
         accepted, width = [0] * G, [0] * G
         sink.report(progress.total)
+        reader = DoneReader(state.done, late=False)
         while progress.running:
             before = progress.done
             w = [min(W, N - d) for d in before]  # never draft past the last image token
             draw_jacobi_noise(state, shape, generators, [wd - a for wd, a in zip(width, accepted)], w, progress.active)
             step_runner.run(jacobi_window(T + progress.furthest - 1, shape, layout.exact, layout.compiled))
             tally.batch_iterations += 1
-            progress.update(state.done.tolist())  # the one host read per iteration
+            progress.update(reader.read(state.done))  # the one host read per iteration (at once: the next noise
+            # draw depends on this verdict)
             accepted = [n - d - 1 if d < N else 0 for n, d in zip(progress.done, before)]
             width = w
             progress_tokens(out, state.canvas, state.done, progress.index)

@@ -19,12 +19,13 @@ the kernel counter and the tests. This module does not choose devices; it follow
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable, Iterator
 
 import torch
 
@@ -44,58 +45,45 @@ def check_compile(choice: str) -> str:
     return choice
 
 
-_STATIC_ONLY = threading.local()
+_SCOPE = threading.local()  # this thread's settings: on (no early exits), windowed (GPU layout), announce
 
 
-class static_only:
+@contextlib.contextmanager
+def _scoped(**settings) -> Iterator[None]:
+    """This thread's `settings` within the context, the previous ones after it."""
+    before = {name: getattr(_SCOPE, name, None) for name in settings}
+    for name, value in settings.items():
+        setattr(_SCOPE, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(_SCOPE, name, value)
+
+
+def static_only():
     """Within this context no loop reads the host to stop early, on any device (what a captured step does);
     the tests use it to check that a whole step runs without a host read."""
-
-    def __enter__(self) -> None:
-        self.before = getattr(_STATIC_ONLY, "on", False)
-        _STATIC_ONLY.on = True
-
-    def __exit__(self, *exc) -> None:
-        _STATIC_ONLY.on = self.before
+    return _scoped(on=True)
 
 
-class gpu_path(static_only):
+def gpu_path():
     """Within this context every decoder runs, eagerly on any device, the code a capturing device replays: windowed
     attention in `SLOT_BUCKET` bands, fixed-trip loops with no early exit, no shrinking of the batch. The kernel
     counter (`benchmarks/kernel_count.py`) and the capture-legality tests measure this path on the CPU."""
-
-    def __enter__(self) -> None:
-        super().__enter__()
-        self.windowed = getattr(_STATIC_ONLY, "windowed", False)
-        _STATIC_ONLY.windowed = True
-
-    def __exit__(self, *exc) -> None:
-        _STATIC_ONLY.windowed = self.windowed
-        super().__exit__(*exc)
+    return _scoped(on=True, windowed=True)
 
 
-_STATUS = threading.local()
-
-
-class reporting:
+def reporting(announce: Callable[[str], None]):
     """Within this context, what a run wants its user to see while it waits (an Inductor compile) goes to
     `announce(text)` as well as to the log: the ComfyUI sampler shows it as the node's progress text."""
-
-    def __init__(self, announce: Callable[[str], None]) -> None:
-        self.announce = announce
-
-    def __enter__(self) -> None:
-        self.before = getattr(_STATUS, "announce", None)
-        _STATUS.announce = self.announce
-
-    def __exit__(self, *exc) -> None:
-        _STATUS.announce = self.before
+    return _scoped(announce=announce)
 
 
 def announce(text: str) -> None:
     """Log `text` and hand it to the current `reporting` listener, if any (a failing listener is ignored)."""
     log.info("%s", text)
-    listener = getattr(_STATUS, "announce", None)
+    listener = getattr(_SCOPE, "announce", None)
     if listener is not None:
         try:
             listener(text)
@@ -106,7 +94,7 @@ def announce(text: str) -> None:
 def may_read_host(device: torch.device) -> bool:
     """Whether a fixed-trip loop may read a flag to stop early: only on the CPU, where a read costs no device
     sync, and never while torch.compile traces (a read would break the graph) or under `static_only`."""
-    return device.type == "cpu" and not torch.compiler.is_compiling() and not getattr(_STATIC_ONLY, "on", False)
+    return device.type == "cpu" and not torch.compiler.is_compiling() and not getattr(_SCOPE, "on", None)
 
 
 def uses_graphs(choice: str, device: torch.device) -> bool:
@@ -156,7 +144,7 @@ class RunLayout:
 
 
 def layout_for(compile: str, device: torch.device) -> RunLayout:
-    if getattr(_STATIC_ONLY, "windowed", False):  # `gpu_path`: the captured layout, run eagerly
+    if getattr(_SCOPE, "windowed", None):  # `gpu_path`: the captured layout, run eagerly
         return RunLayout(graphs=False, exact=False)
     return RunLayout(graphs=uses_graphs(compile, device), exact=not uses_graphs("auto", device),
                      compiled=uses_inductor(compile, device))
