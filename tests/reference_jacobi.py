@@ -1,6 +1,8 @@
 """The step-by-step Jacobi decoder as it was before the static-shape iteration, kept as a test oracle:
 Python-int lengths and widths (w = min(W, N - done) drafts fed), exact key extents, a draft window object
-that re-draws and initialises with per-call random draws, `judge_window` per iteration. Tokens only."""
+that re-draws and initialises from its iteration's row of uniforms, `judge_window` per iteration. Tokens only.
+Randomness follows the library's order: the first token's uniform, the coupled noise table, then one row of
+2W + 1 uniforms per iteration (W for the refill, W + 1 for the judge), all drawn before the first iteration."""
 from __future__ import annotations
 
 import torch
@@ -29,23 +31,24 @@ class DraftWindow:
             u = torch.rand(N + window + 1, V, generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
             self.gumbel = -(-u.log()).log()
 
-    def _draw(self, probs, start):
+    def _draw(self, probs, start, uniforms):
         if self.greedy:
             return probs.argmax(-1)
         if self.gumbel is not None:
             return (probs.clamp(min=0).log() + self.gumbel[start:start + probs.shape[0]]).argmax(-1)
-        return sample_from_probs(probs, torch.rand(probs.shape[0], generator=self.generator, device=probs.device))
+        return sample_from_probs(probs, uniforms[:probs.shape[0]])
 
-    def refill(self, done, carried, latest):
+    def refill(self, done, carried, latest, uniforms):
+        """`uniforms` (W,): the refill's row of the iteration that will judge these drafts."""
         c = carried.shape[0]
-        tokens = self._draw(carried, done)
+        tokens = self._draw(carried, done, uniforms)
         self.canvas[done:done + c] = tokens
         n, start = self.W - c, done + c
         if self.config.init == "random":
-            fresh, q = self._draw(self.uniform[:n], start), self.uniform[:n]
+            fresh, q = self._draw(self.uniform[:n], start, uniforms[c:]), self.uniform[:n]
         elif self.config.init == "sample_left":
             q = latest[None].expand(n, -1)
-            fresh = self._draw(q, start)
+            fresh = self._draw(q, start, uniforms[c:])
         else:
             end, G = start + n, self.grid
             if self.config.init == "repeat_above":
@@ -92,14 +95,16 @@ def reference_tokens(model, condition, sampling, config, generator, neighbors=No
     out = torch.zeros(N, dtype=torch.long)
     out[0] = first[0]
     drafts = DraftWindow(config, W, model, sampling.greedy, generator, "cpu")
+    table = torch.full((N, 2 * W + 1), 0.5) if sampling.greedy else torch.rand(N, 2 * W + 1, generator=generator)
     drafts.canvas[0] = first[0]
-    drafts.refill(1, first_p[:0], first_p[0])
-    done = 1
+    drafts.refill(1, first_p[:0], first_p[0], table[0, :W])
+    done, iteration = 1, 0
     while done < N:
         w = min(W, N - done)
         p = target(forward_window(model, state, torch.cat([out[done - 1:done], drafts.tokens[:w]])),
                    done + torch.arange(w + 1))
-        uniforms = None if sampling.greedy else torch.rand(w + 1, generator=generator)
+        uniforms = None if sampling.greedy else table[iteration, W:W + w + 1]
+        iteration += 1
         verdict = judge_window(p, drafts.q[:w], drafts.tokens[:w], uniforms, config, neighbors,
                                drafts.proposed[:w], sampling.greedy)
         a = verdict.accepted
@@ -110,5 +115,5 @@ def reference_tokens(model, condition, sampling, config, generator, neighbors=No
         state.length += a + 1
         done += take
         if done < N:
-            drafts.refill(done, p[a + 1:w + 1], p[w])
+            drafts.refill(done, p[a + 1:w + 1], p[w], table[iteration, :W])
     return out

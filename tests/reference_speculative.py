@@ -33,10 +33,13 @@ def reference_tokens(model, drafter, condition, sampling, spec, generator, neigh
     first = pick_tokens(dist.combine(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long))[:, 0],
                         sampling, generator)
     out = [int(first[0])]
+    depth, width = (spec.dynamic.depth, spec.dynamic.top_k) if plan is None else (plan.spec.depth, plan.children.shape[-1])
+    table = None if sampling.greedy else torch.rand(N, 1, depth, width + 1, generator=generator)  # every walk's, up front
     session = DrafterSession(drafter, rows, max_len, key_valid)
     fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first[:1], rows, T)
     session.consume(hidden, fed, embeddings)
     length = T
+    iteration = 0
     while len(out) < N:
         done = len(out)
         root = torch.tensor([out[-1]])
@@ -44,7 +47,9 @@ def reference_tokens(model, drafter, condition, sampling, spec, generator, neigh
             tree = draft_static(session, model, plan, root, done - 1, dist, sampling.greedy, generator)
         else:
             tree = draft_dynamic(session, model, spec.dynamic, root, done - 1, dist)
-        check = verify_tree(model, cache, key_valid, length, tree, dist, spec, generator, neighbors, done - 1)
+        uniforms = None if table is None else table[iteration]
+        iteration += 1
+        check = verify_tree(model, cache, key_valid, length, tree, dist, spec, generator, neighbors, done - 1, uniforms)
         accepted = int(check.walk.accepted[0])
         path = check.walk.path[0, : accepted + 1]
         new = torch.cat([tree.tokens[0, path[1:]], check.walk.bonus[:1]])

@@ -41,7 +41,7 @@ from ..errors import ConfigError
 from .ar_step import slots_for
 from .done_reader import DoneReader
 from .generate import GenerationResult, StepCallback, prefill, synchronize
-from .jacobi_step import (JacobiContext, JacobiShape, JacobiState, draw_jacobi_noise, jacobi_bands, jacobi_iteration,
+from .jacobi_step import (JacobiContext, JacobiShape, JacobiState, draw_jacobi_uniforms, jacobi_bands, jacobi_iteration,
                           jacobi_window, judge_run)
 from .jacobi_window import WindowChoice, choose_window, target_costs
 from ..models.gpt import ImageTransformer
@@ -199,23 +199,18 @@ def _decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchR
             for g, generator in enumerate(generators):
                 u = torch.rand(state.gumbel.shape[1:], generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
                 state.gumbel[g].copy_(-(-u.log()).log())
+        draw_jacobi_uniforms(state, shape, generators)
         progress_tokens(out, state.canvas, state.done)
         tally.prefill_s += time.perf_counter() - t0
         tally.batches += 1
         progress = BatchProgress.start(G, N)
-        accepted, width = [0] * G, [0] * G
         sink.report(progress.total)
-        reader = DoneReader(state.done, late=False)
+        reader = DoneReader(state.done, late=not layout.exact)  # captured loops read one iteration late
+        lag = W + 1 if reader.late else 0  # tokens an image may have gained since the counts were read
         while progress.running:
-            before = progress.done
-            w = [min(W, N - d) for d in before]  # never draft past the last image token
-            draw_jacobi_noise(state, shape, generators, [wd - a for wd, a in zip(width, accepted)], w, progress.active)
-            step_runner.run(jacobi_window(T + progress.furthest - 1, shape, layout.exact, layout.compiled))
+            step_runner.run(jacobi_window(T + progress.furthest_after(lag) - 1, shape, layout.exact, layout.compiled))
             tally.batch_iterations += 1
-            progress.update(reader.read(state.done))  # the one host read per iteration (at once: the next noise
-            # draw depends on this verdict)
-            accepted = [n - d - 1 if d < N else 0 for n, d in zip(progress.done, before)]
-            width = w
+            progress.update(reader.read(state.done))  # the one host read per iteration
             progress_tokens(out, state.canvas, state.done, progress.index)
             sink.report(progress.total)
             smaller, keep = retire_finished(state, progress, sink, sampling.uses_cfg) if layout.exact else (None, None)
@@ -223,8 +218,6 @@ def _decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchR
                 state, shape = smaller, replace(shape, rows=smaller.length.shape[0])
                 context = JacobiContext(model, shape, dist)
                 step_runner = StepRunner(lambda variant, c=context, st=state: jacobi_iteration(c, st, variant[1]), state)
-                generators = [generators[g] for g in keep]
-                accepted, width = [accepted[g] for g in keep], [width[g] for g in keep]
         record_images(state, progress, list(range(len(progress.images))), sink)
         tally.add_totals(state)
     finally:

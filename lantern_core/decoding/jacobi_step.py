@@ -7,9 +7,10 @@ positions entering the window (`refill`), one causal forward over the last emitt
 the acceptance tests of every position at once and the leading run (`judge_run`), and the emission of
 the accepted drafts plus one token. Near the end of the image the active width w = min(W, N - done) is a
 device value: drafts past it are never accepted, so the shapes stay those of `JacobiShape`. Randomness is
-drawn by `draw_jacobi_noise` before each iteration, outside any captured region, in the order and sizes the
-step-by-step decoder drew it (its sizes follow from the number of tokens done, which the loop reads once per
-iteration). Every tensor carries the G images of a batch: each image has its own window position, drafts,
+drawn once per image before its first iteration (`draw_jacobi_uniforms`, outside any captured region): a
+table with one row of uniforms per iteration an image can take (each advances at least one token), which the
+iteration picks by the image's own iteration counter, so no iteration launches a generator call and none of
+the draws depends on a verdict the host would have to read. Every tensor carries the G images of a batch: each image has its own window position, drafts,
 width and verdict, and advances on its own in the static KV cache; an image that is done keeps running
 (static shapes) with its length frozen and nothing kept or counted. The decode loop, prefill, window
 choice and the rules' documentation live in `jacobi.py`.
@@ -88,8 +89,8 @@ class JacobiState:
     p_prev: torch.Tensor  # (G, W + 1, V) the last judge's target rows (the next Jacobi update)
     accepted_prev: torch.Tensor  # (G,) long drafts the last judge accepted
     width_prev: torch.Tensor  # (G,) long the last judge's active width
-    judge_uniforms: torch.Tensor  # (G, W + 1)
-    draw_uniforms: torch.Tensor  # (G, W) for sampled (uncoupled) refills
+    uniforms: torch.Tensor  # (G, N, 2W + 1) per image, row t: iteration t's refill (W) then judge (W + 1) uniforms
+    iteration: torch.Tensor  # (G,) long iterations each image has taken (its row of `uniforms`)
     uniform_q: torch.Tensor  # (W, V) 1 / V, the random initialisation's law
     gumbel: torch.Tensor | None  # (G, N + W + 1, V) coupled drafting's per-position noise, drawn per image
     neighbors: torch.Tensor | None
@@ -113,8 +114,8 @@ class JacobiState:
             q=torch.full((G, W, V), 1.0 / V, device=device),
             proposed=torch.zeros(G, W, dtype=torch.bool, device=device),
             p_prev=torch.full((G, W + 1, V), 1.0 / V, device=device), accepted_prev=torch.zeros(G, **long),
-            width_prev=torch.zeros(G, **long), judge_uniforms=torch.full((G, W + 1), 0.5, device=device),
-            draw_uniforms=torch.full((G, W), 0.5, device=device), uniform_q=torch.full((W, V), 1.0 / V, device=device),
+            width_prev=torch.zeros(G, **long), uniforms=torch.full((G, N, 2 * W + 1), 0.5, device=device),
+            iteration=torch.zeros(G, **long), uniform_q=torch.full((W, V), 1.0 / V, device=device),
             gumbel=torch.zeros(G, N + W + 1, V, device=device) if coupled else None,
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),
             histogram=torch.zeros(G, W + 1, **long), absorbed=torch.zeros(2, device=device),
@@ -134,6 +135,7 @@ class JacobiState:
         self.done.fill_(1)
         self.accepted_prev.zero_()
         self.width_prev.zero_()
+        self.iteration.zero_()
         self.p_prev[:, 0] = first_p
 
     def reset_for_warmup(self, start: int) -> None:
@@ -151,8 +153,7 @@ class JacobiState:
             length=self.length.index_select(0, rows), done=pick(self.done), canvas=pick(self.canvas),
             per_cell=pick(self.per_cell), drafts=pick(self.drafts), q=pick(self.q), proposed=pick(self.proposed),
             p_prev=pick(self.p_prev), accepted_prev=pick(self.accepted_prev), width_prev=pick(self.width_prev),
-            judge_uniforms=pick(self.judge_uniforms), draw_uniforms=pick(self.draw_uniforms),
-            uniform_q=self.uniform_q, gumbel=pick(self.gumbel), neighbors=self.neighbors,
+            uniforms=pick(self.uniforms), iteration=pick(self.iteration), uniform_q=self.uniform_q, gumbel=pick(self.gumbel), neighbors=self.neighbors,
             histogram=pick(self.histogram), absorbed=self.absorbed, relaxed=self.relaxed)
 
     def release(self) -> None:
@@ -177,44 +178,33 @@ class JacobiContext:
         return self.dist(logits, index)
 
 
-def refill_draws(shape: JacobiShape, carried: int) -> int:
-    """Uniforms the next refill consumes when `carried` rows are Jacobi updates (the rest initialised)."""
-    if shape.sampling.greedy or (shape.config.coupled and not shape.sampling.greedy):
-        return 0
-    return shape.window if shape.config.init in DRAWN_INITS else carried
-
-
-def draw_jacobi_noise(state: JacobiState, shape: JacobiShape, generators: list[torch.Generator | None],
-                      carried: list[int], widths: list[int], active: list[bool]) -> None:
-    """Fill the next iteration's uniforms, image g from `generators[g]`: the refill's (`carried[g]` Jacobi
-    rows), then the judge's w + 1 (`widths[g]` = w), as a single run of that image draws them. Images not
-    `active` draw nothing. Runs eagerly, outside capture."""
+def draw_jacobi_uniforms(state: JacobiState, shape: JacobiShape, generators: list[torch.Generator | None]) -> None:
+    """Before an image's first iteration: its whole table of iteration uniforms (N rows of 2W + 1), image g
+    from `generators[g]` (so image g of a batch draws what a single run of it draws). Greedy runs draw
+    nothing. Runs eagerly, outside capture."""
     if shape.sampling.greedy:
         return
     for g, generator in enumerate(generators):
-        if not active[g]:
-            continue
-        count = refill_draws(shape, carried[g])
-        if count:
-            state.draw_uniforms[g, :count].uniform_(0.0, 1.0, generator=generator)
-        state.judge_uniforms[g, :widths[g] + 1].uniform_(0.0, 1.0, generator=generator)
+        state.uniforms[g].uniform_(0.0, 1.0, generator=generator)
 
 
-def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions: torch.Tensor,
+          uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of probs (G, W, V): argmax when greedy, Gumbel-max with the positions' (G, W) noise
-    when coupled, else inverse-CDF sampling with the refill's uniforms (row j uses uniform j)."""
+    when coupled, else inverse-CDF sampling with the refill's uniforms (G, W) (row j uses uniform j)."""
     if shape.sampling.greedy:
         return probs.argmax(-1)
     if state.gumbel is not None:
         index = positions.clamp(max=state.gumbel.shape[1] - 1)[..., None].expand(-1, -1, probs.shape[-1])
         return (probs.clamp(min=0).log() + state.gumbel.gather(1, index)).argmax(-1)
     G, W, V = probs.shape
-    return sample_from_probs(probs.reshape(G * W, V), state.draw_uniforms.reshape(-1)).view(G, W)
+    return sample_from_probs(probs.reshape(G * W, V), uniforms.reshape(-1)).view(G, W)
 
 
-def refill(ctx: JacobiContext, state: JacobiState) -> None:
+def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor) -> None:
     """New drafts for positions done .. done+W-1 of every image: the first c = w - a rows re-drawn from the
-    last judge's predictions for them (Jacobi update), the rest initialised per `config.init`."""
+    last judge's predictions for them (Jacobi update), the rest initialised per `config.init`; row j of a
+    sampled draw uses uniforms[:, j] (G, W)."""
     shape = ctx.shape
     W, init, grid = shape.window, shape.config.init, ctx.model.config.row_stride
     G, V = state.drafts.shape[0], state.q.shape[-1]
@@ -229,9 +219,9 @@ def refill(ctx: JacobiContext, state: JacobiState) -> None:
         else:
             fresh_q = state.p_prev.gather(1, state.width_prev[:, None, None].expand(-1, 1, V)).expand(-1, W, -1)
         q = torch.where(carried[..., None], p_carry, fresh_q)
-        tokens = _draw(shape, state, q, positions)
+        tokens = _draw(shape, state, q, positions, uniforms)
     else:  # repeat_left / repeat_above: copy an earlier token (carried ones written first)
-        moved = _draw(shape, state, p_carry, positions)
+        moved = _draw(shape, state, p_carry, positions, uniforms)
         state.canvas.scatter_(1, positions, torch.where(carried, moved, state.canvas.gather(1, positions)))
         start = (state.done + (state.width_prev - state.accepted_prev))[:, None]  # (G, 1) first initialised position
         source = positions
@@ -338,13 +328,15 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
     W, N = shape.window, shape.image_tokens
     done = state.done
     active = done < N  # (G,) images still decoding before this iteration
-    refill(ctx, state)
+    row = state.iteration.clamp(max=N - 1)[:, None, None].expand(-1, 1, 2 * W + 1)  # (G, 1, 2W+1)
+    uniforms = state.uniforms.gather(1, row)[:, 0]  # (G, 2W+1) this iteration's: refill W, judge W+1
+    refill(ctx, state, uniforms[:, :W])
     k = torch.arange(W + 1, device=done.device)
     feed = torch.cat([state.canvas.gather(1, (done - 1)[:, None]), state.drafts], 1)  # (G, W+1)
     logits = forward_window(model, state, feed, window)  # (rows, W+1, V)
     p = ctx.target(logits, (done[:, None] + k).clamp(max=N))  # (G, W+1, V)
     width = (N - done).clamp(min=0, max=W)  # (G,) active drafts: never past the last image token
-    verdict = judge_run(p, state.q, state.drafts, state.judge_uniforms, width, shape.config, state.neighbors,
+    verdict = judge_run(p, state.q, state.drafts, uniforms[:, W:], width, shape.config, state.neighbors,
                         state.proposed, shape.sampling.greedy)
     a = verdict.accepted
     count = a + 1  # (G,)
@@ -358,6 +350,7 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
     # an image finishing now (or done before) keeps its length: its later writes stay inside the cache
     state.length.add_(per_row(torch.where(done + count < N, count, torch.zeros_like(count)), state.length.shape[0]))
     done.add_(torch.where(active, count, torch.zeros_like(count)))
+    state.iteration.add_(active.long())
     state.histogram.scatter_add_(1, a[:, None], active.long()[:, None])
     gain = verdict.gain * active[:, None]
     state.absorbed.copy_(torch.stack([state.absorbed[0] + gain.sum(), torch.maximum(state.absorbed[1], gain.max())]))

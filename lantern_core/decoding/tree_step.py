@@ -10,9 +10,12 @@ frozen until the batch ends (or leaves the batch, `TreeState.select`, on devices
 never reads the host and never branches on a tensor value, so one call runs eagerly, under
 `torch.compile(fullgraph=True)` or replayed from a CUDA graph (`step_graphs.py`). Accepted paths have a
 fixed size (depth + 1, padded past the accepted count): the padded tail is written where the next
-iteration overwrites it. Randomness is drawn by `draw_iteration_noise` before each iteration, outside any
-captured region, in the order and shapes the step-by-step decoder drew it, so the same seed gives the same
-tokens eagerly and captured. The decode loop, prefill and tree choice live in `speculative.py`.
+iteration overwrites it. Randomness is drawn outside any captured region: the walk's uniforms once per image
+before its first iteration (`draw_walk_uniforms`: one row per iteration the image can take, picked inside the
+iteration by the image's own counter), and a sampled static tree's Exp(1) draws before each iteration
+(`draw_iteration_noise`: depth x siblings x vocabulary values per iteration, too many to hold for a whole
+image), so the same seed gives the same tokens eagerly and captured, and image g draws what a single run of it
+draws. The decode loop, prefill and tree choice live in `speculative.py`.
 """
 from __future__ import annotations
 
@@ -116,7 +119,8 @@ class TreeState:
     tokens: torch.Tensor  # (G, N + 2 (depth + 1)) long: the images, padded by two paths
     per_cell: torch.Tensor  # (G, N + 2 (depth + 1)) int32: tokens accepted by the forward that produced each cell
     noise: list[torch.Tensor]  # Exp(1) draws per depth for sampled static trees, (G * P_d, V) (else empty)
-    uniforms: torch.Tensor  # (G, depth, C + 1) the walk's uniforms
+    uniforms: torch.Tensor  # (G, N, depth, C + 1) the walk's uniforms per image, row t for its iteration t
+    iteration: torch.Tensor  # (G,) long iterations each image has taken (its row of `uniforms`)
     neighbors: torch.Tensor | None  # (V, k) relaxation table, copied in before each batch
     histogram: torch.Tensor  # (G, depth + 1) long: iterations by drafted tokens accepted, per image
     by_node: torch.Tensor  # (n + 1,) long: acceptances per static-tree node (unused for EAGLE-2)
@@ -141,7 +145,8 @@ class TreeState:
             cache=model.allocate_cache(shape.rows, shape.slots), key_valid=key_valid, session=session,
             length=torch.zeros(shape.rows, **long), done=torch.ones(G, **long), tokens=torch.zeros(G, padded, **long),
             per_cell=torch.ones(G, padded, dtype=torch.int32, device=device), noise=noise,
-            uniforms=torch.full((G, shape.depth, width + 1), 0.5, device=device),
+            uniforms=torch.full((G, shape.image_tokens, shape.depth, width + 1), 0.5, device=device),
+            iteration=torch.zeros(G, **long),
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),
             histogram=torch.zeros(G, shape.depth + 1, **long), by_node=torch.zeros(shape.nodes + 1, **long),
             absorbed=torch.zeros(2, device=device), relaxed=torch.zeros((), **long),
@@ -159,6 +164,7 @@ class TreeState:
         self.per_cell.fill_(1)
         self.length.fill_(prefix_len)
         self.done.fill_(1)
+        self.iteration.zero_()
 
     def reset_for_warmup(self, start: int) -> None:
         """A valid state for warm-up iterations at committed length `start` (capture runs real iterations)."""
@@ -182,6 +188,7 @@ class TreeState:
             length=self.length.index_select(0, rows), done=self.done.index_select(0, keep),
             tokens=self.tokens.index_select(0, keep), per_cell=self.per_cell.index_select(0, keep),
             noise=[per_tree(b) for b in self.noise], uniforms=self.uniforms.index_select(0, keep),
+            iteration=self.iteration.index_select(0, keep),
             neighbors=self.neighbors, histogram=self.histogram.index_select(0, keep), by_node=self.by_node,
             absorbed=self.absorbed, relaxed=self.relaxed, forwards_per_iteration=self.forwards_per_iteration)
 
@@ -241,19 +248,29 @@ def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length:
     return Verification(walk, hidden)
 
 
+def draw_walk_uniforms(state: TreeState, generators: list[torch.Generator | None], greedy: bool) -> None:
+    """Before the first iteration: every iteration's walk uniforms of image g from `generators[g]` (greedy walks
+    use none). Runs eagerly, outside capture."""
+    if greedy:
+        return
+    for g, generator in enumerate(generators):
+        state.uniforms[g].uniform_(0.0, 1.0, generator=generator)
+
+
 def draw_iteration_noise(state: TreeState, generators: list[torch.Generator | None],
                          active: list[bool] | None = None) -> None:
-    """Fill the noise of the next iteration, image g from `generators[g]`, in the step-by-step decoder's
-    order (the drafter's Exp(1) draws depth by depth, then the walk's uniforms), so image g draws what a
-    single run of it draws. Images not `active` (done) draw nothing. Runs eagerly, outside capture."""
-    G = state.uniforms.shape[0]
+    """Before each iteration of a sampled static tree: the drafter's Exp(1) draws, image g from
+    `generators[g]` depth by depth, as `draft_static` draws them from a generator. Images not `active` (done)
+    draw nothing; other trees draw nothing here. Runs eagerly, outside capture."""
+    if not state.noise:
+        return
+    G = state.done.shape[0]
     for g, generator in enumerate(generators):
         if active is not None and not active[g]:
             continue
         for buffer in state.noise:
             per_tree = buffer.shape[0] // G
             buffer[g * per_tree:(g + 1) * per_tree].exponential_(generator=generator)
-        state.uniforms[g].uniform_(0.0, 1.0, generator=generator)
 
 
 def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> None:
@@ -266,13 +283,16 @@ def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> 
     active = state.done < N  # (G,) images still decoding before this iteration
     root_index = state.done - 1  # (G,) image-token index of each root
     root = state.tokens.gather(1, root_index[:, None])[:, 0]  # (G,)
+    table = state.uniforms
+    row = state.iteration.clamp(max=table.shape[1] - 1)[:, None, None, None].expand(-1, 1, *table.shape[2:])
+    uniforms = table.gather(1, row)[:, 0]  # (G, depth, C + 1) this iteration's
     if shape.dynamic:
         tree = draft_dynamic(session, ctx.model, shape.tree, root, root_index, ctx.dist, windows.draft)
     else:
         tree = draft_static(session, ctx.model, ctx.plan, root, root_index, ctx.dist, shape.sampling.greedy, None,
                             state.noise or None, windows.draft)
     check = verify_tree(ctx.model, state.cache, state.key_valid, state.length, tree, ctx.dist, shape, None,
-                        state.neighbors, root_index, state.uniforms, windows.verify)
+                        state.neighbors, root_index, uniforms, windows.verify)
     walk = check.walk
     accepted = walk.accepted  # (G,) drafted tokens accepted
     count = accepted + 1  # (G,) tokens each image adds (drafts + bonus)
@@ -292,6 +312,7 @@ def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> 
                     advance=per_row(advance, rows))
     state.length.add_(per_row(advance, rows))
     state.done.add_(torch.where(active, count, torch.zeros_like(count)))
+    state.iteration.add_(active.long())
     # run counters of the images still decoding, on the device
     state.histogram.scatter_add_(1, accepted[:, None], active.long()[:, None])
     state.by_node.index_add_(0, node.reshape(-1), ((path >= 0) & active[:, None]).long().reshape(-1))

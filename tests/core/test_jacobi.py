@@ -155,7 +155,7 @@ def test_initialisations_copy_left_and_above():
             state.start_image(1, torch.tensor([10]), torch.full((1, V), 1.0 / V))
             state.canvas[0, :emitted] = torch.arange(10, 10 + emitted)
             state.done.fill_(emitted)
-            refill(JacobiContext(model, shape, None), state)
+            refill(JacobiContext(model, shape, None), state, torch.full((1, 6), 0.5))
             canvas, drafts, q = state.canvas[0], state.drafts[0], state.q[0]
             for j in range(6):
                 assert int(drafts[j]) == int(expect(canvas, emitted + j)), (init, emitted, j)

@@ -95,6 +95,10 @@ def test_every_mode_stays_within_its_budget_and_reads_the_host_once_per_iteratio
     assert count.host_reads_per_iteration <= 1.0, count.reads  # the done counts, nothing else
     assert not count.stray_factories, f"made off the step's device (CUDA graph capture refuses): {count.stray_factories}"
     assert count.rng_kernels == 0  # noise is drawn before the iteration, outside any captured region
+    if name in trees and not trees[name][1] and "eagle2" not in name:  # sampled static trees: Exp(1) per level
+        assert 0 < count.rng_per_iteration <= trees[name][0].static_tree.depth, count.kinds  # one call per level at most
+    else:  # everything else drew its noise once per image, before the first iteration
+        assert count.rng_per_iteration == 0, count.kinds
 
 
 def test_the_counter_sees_kernels_host_reads_and_stray_factories():
