@@ -83,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--init", default="sample_left", help=f"sjd modes: window initialisation, one of {list(INITS)}")
     g.add_argument("--sjd-relaxation", default="lantern_pp", help=f"sjd_relaxed: one of {list(SJD_RELAXATIONS)}")
     g.add_argument("--gsd-gap", type=float, default=0.15, help="sjd_relaxed with gsd: group probability gap")
+    g.add_argument("--rows", type=int, default=1, help="sjd modes: draft windows open at once (1: 1-D Jacobi; more: "
+                                                       "also one on each of the next image rows, lossless)")
+    g.add_argument("--row-window", type=int, default=4, help="sjd modes with --rows > 1: drafts per lower-row window")
+    g.add_argument("--row-offset", type=int, default=-5,
+                   help="sjd modes with --rows > 1: columns from the column below the frontier to where each lower "
+                        "row's window starts (negative: to its left)")
+    g.add_argument("--row-causal", action="store_true",
+                   help="sjd modes with --rows > 1: lower windows see only the committed tokens and their own window "
+                        "(Parallel Jacobi Decoding's mask) instead of every earlier draft")
     g.add_argument("--recalibrate", action="store_true",
                    help="measure the auto window again (choices are kept in the user cache folder, "
                         "~/.cache/lantern/auto_choices.json, and reused while the machine, model and settings match)")
@@ -113,7 +122,8 @@ def cli_settings(args: argparse.Namespace) -> ModeSettings:
     check_choice("decoding", args.decoding, MODES)
     return ModeSettings(args.decoding, args.tree, args.chain_length, args.custom_tree, args.lantern_k, args.delta,
                         args.lam, DynamicShape(args.eagle_depth, args.eagle_top_k, args.eagle_nodes),
-                        JacobiWidgets(parse_window(args.window), args.init, args.sjd_relaxation, args.gsd_gap))
+                        JacobiWidgets(parse_window(args.window), args.init, args.sjd_relaxation, args.gsd_gap,
+                                      args.rows, args.row_window, args.row_offset, args.row_causal))
 
 
 @dataclass

@@ -95,6 +95,19 @@ class LanternDecodingConfig(io.ComfyNode):
                                        "tokens as off). CPUs and Apple GPUs run eagerly with every choice. off: "
                                        "always eager (for debugging). Every mode uses it: ar steps, draft-tree "
                                        "and Jacobi iterations."),
+                io.Int.Input("jacobi_rows", default=1, min=1, max=8,
+                             tooltip="sjd modes: draft windows open at once. 1: the frontier's window only (1-D "
+                                     "Jacobi). 2 or more: also a window on each of the next image rows, drafted in "
+                                     "the same forward pass; when the frontier reaches those positions it starts "
+                                     "from their drafts. Lossless for sjd and sjd_coupled: only the frontier "
+                                     "accepts, by the exact rule."),
+                io.Int.Input("jacobi_row_window", default=4, min=1, max=64,
+                             tooltip="sjd modes with jacobi_rows > 1: drafts per lower-row window."),
+                io.Int.Input("jacobi_row_offset", default=-5, min=-64, max=64,
+                             tooltip="sjd modes with jacobi_rows > 1: where each lower row's window starts, in "
+                                     "columns from the column below the frontier (negative: to its left, where "
+                                     "the tokens above are already decoded). The window must start past the "
+                                     "frontier's drafts; the error says what to change if not."),
             ],
             outputs=[LanternDecodingType.Output(display_name="decoding", tooltip="Feed into Lantern: Sampler.")],
         )
@@ -103,10 +116,12 @@ class LanternDecodingConfig(io.ComfyNode):
     def execute(cls, mode: str, tree: str, chain_length: int, custom_tree: str, lantern_k: int, delta: float,
                 lam: float, eagle_depth: int, eagle_top_k: int, eagle_nodes: int, jacobi_window: int = 0,
                 jacobi_init: str = "sample_left", sjd_relaxation: str = "lantern_pp", gsd_gap: float = 0.15,
-                compile: str = "auto", drafter=None) -> io.NodeOutput:
+                compile: str = "auto", jacobi_rows: int = 1, jacobi_row_window: int = 4,
+                jacobi_row_offset: int = -5, drafter=None) -> io.NodeOutput:
         check_choice("compile", compile, COMPILE_CHOICES)
         settings = ModeSettings(mode, tree, chain_length, custom_tree, lantern_k, delta, lam,
                                 DynamicShape(eagle_depth, eagle_top_k, eagle_nodes),
-                                JacobiWidgets(jacobi_window, jacobi_init, sjd_relaxation, gsd_gap))
+                                JacobiWidgets(jacobi_window, jacobi_init, sjd_relaxation, gsd_gap, jacobi_rows,
+                                              jacobi_row_window, jacobi_row_offset))
         decoding = build_decoding(settings, drafter)
         return io.NodeOutput(replace(decoding, compile=compile))

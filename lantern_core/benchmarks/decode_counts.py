@@ -161,7 +161,9 @@ def jacobi_modes(k: int) -> list[tuple[str, JacobiConfig, bool]]:
             ("sjd_coupled w16", JacobiConfig(16, **coupled), False),
             ("sjd_relaxed lambda 5 w16", JacobiConfig(16, **coupled, relaxation=Relaxation(k=k, lam=5.0)), False),
             ("sjd_relaxed gsd w16", JacobiConfig(16, **coupled, grouping=Grouping(k=k, gap=0.15)), False),
-            ("sjd w16 greedy", JacobiConfig(16, init="sample_left"), True)]
+            ("sjd w16 greedy", JacobiConfig(16, init="sample_left"), True),
+            ("sjd_coupled 2-D w15 + next row w16", JacobiConfig(15, **coupled, rows=2, row_window=16, row_offset=-1),
+             False)]
 
 
 def count_tree(model, drafter, spec: SpeculativeConfig, sampling: SamplingConfig, neighbors, what: str,

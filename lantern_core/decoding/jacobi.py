@@ -67,6 +67,13 @@ class JacobiConfig:
     relaxation: Relaxation | None = None
     grouping: Grouping | None = None
     max_window: int = 32
+    rows: int = 1  # draft windows open: the frontier's plus rows - 1 on the image rows below it (2-D drafting)
+    row_window: int = 4  # drafts per lower-row window
+    row_offset: int | None = None  # where row j's window starts: j x (row stride + row_offset) past the frontier
+    # (default -row_window - 1: it ends one column left of the column below the frontier, so the tokens above
+    # it and above-right of it are committed)
+    row_causal: bool = False  # lower windows see the committed tokens and their own window only (PJD's mask);
+    # else every earlier token the forward holds (the frontier's drafts and the windows above), in raster order
 
     def __post_init__(self) -> None:
         if self.window != "auto" and (isinstance(self.window, bool) or not isinstance(self.window, int)
@@ -76,9 +83,42 @@ class JacobiConfig:
             raise ConfigError("jacobi max_window", "an integer in 1..256", self.max_window)
         if self.init not in INITS:
             raise ConfigError("jacobi init", f"one of {INITS}", self.init)
+        for name, value, low, high in (("jacobi rows", self.rows, 1, 8), ("jacobi row_window", self.row_window, 1, 64)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(name, f"an integer in {low}..{high}", value)
+        if self.row_offset is not None and (isinstance(self.row_offset, bool) or not isinstance(self.row_offset, int)):
+            raise ConfigError("jacobi row_offset", "an integer (columns; negative = left of the frontier's)",
+                              self.row_offset)
         if self.relaxation is not None and self.grouping is not None:
             raise ConfigError("jacobi acceptance", "at most one of relaxation (LANTERN) or grouping (GSD)",
                               {"relaxation": self.relaxation, "grouping": self.grouping})
+
+    @property
+    def column_offset(self) -> int:
+        """Columns between the column below the frontier and the start of the next row's window."""
+        return -self.row_window - 1 if self.row_offset is None else self.row_offset
+
+    def far_starts(self, window: int, stride: int) -> tuple[int, ...]:
+        """Offsets (past the frontier) where each lower row's window starts, for a frontier `window` on rows of
+        `stride` tokens; checked so that no two windows overlap."""
+        step = stride + self.column_offset
+        starts = tuple(j * step for j in range(1, self.rows))
+        if self.rows > 1 and (starts[0] < window or (self.rows > 2 and step < self.row_window)):
+            raise ConfigError("jacobi row geometry",
+                              f"lower-row windows past the frontier's {window} drafts and apart by >= row_window "
+                              f"{self.row_window} (row stride {stride} + row_offset >= max(window, row_window))",
+                              {"rows": self.rows, "row_window": self.row_window, "row_offset": self.column_offset,
+                               "window": window, "row stride": stride},
+                              "open fewer rows, draft a smaller window, or start the lower windows further right "
+                              "(a larger row_offset)")
+        return starts
+
+    def largest_window(self, stride: int) -> int:
+        """The widest frontier window "auto" may choose: `max_window`, and with lower-row windows no wider than
+        the offset where the first of them starts."""
+        if self.rows == 1:
+            return self.max_window
+        return max(1, min(self.max_window, stride + self.column_offset))
 
     @property
     def neighbor_k(self) -> int:
@@ -89,6 +129,9 @@ class JacobiConfig:
     def describe(self, window: int | str | None = None) -> str:
         """e.g. "coupled jacobi w12 (sample-left init), lantern k10 lambda 5"; `window` overrides "auto"."""
         name = f"{'coupled ' if self.coupled else ''}jacobi w{window or self.window} ({self.init.replace('_', '-')} init)"
+        if self.rows > 1:
+            name += (f", 2-D: {self.rows} rows x w{self.row_window} offset {self.column_offset:+d}"
+                     f"{' row-causal' if self.row_causal else ''}")
         if self.relaxation is not None:
             r = self.relaxation
             name += f", lantern k{r.k} " + (f"delta {r.delta:g}" if r.delta is not None else f"lambda {r.lam:g}")
@@ -179,7 +222,8 @@ def _decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchR
     rows, T = prefix.key_valid.shape
     device = prefix.embeddings.device
     layout = layout_for(request.compile, device)
-    shape = JacobiShape(rows, slots_for(T, N + W + 1, layout.slot_bucket), N, sampling, config)
+    shape = JacobiShape(rows, 0, N, sampling, config, model.config.row_stride)
+    shape = replace(shape, slots=slots_for(T, N + shape.queries, layout.slot_bucket))
     G = shape.images
     step_runner = jacobi_runner(model, shape, dist, neighbors, layout)
     state: JacobiState = step_runner.buffers
@@ -258,10 +302,11 @@ def _auto_window(model: ImageTransformer, condition: Condition, sampling: Sampli
     if key not in cached:
         scratch = RunTally(weight.device)
         request = BatchRequest(condition, sampling, [torch.Generator(device=weight.device).manual_seed(0)], neighbors)
-        _decode_batch(model, replace(config, window=config.max_window), request,
+        largest = config.largest_window(model.config.row_stride)
+        _decode_batch(model, replace(config, window=largest), request,
                       BatchSink.allocate(1, model.config.num_image_tokens, scratch))
-        costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1), config.max_window + 1)
-        cached[key] = choose_window(scratch.histogram, costs, config.max_window)
+        costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1), largest + 1)
+        cached[key] = choose_window(scratch.histogram, costs, largest)
         choice = cached[key]
         auto_store.remember(stored_key, {"window": choice.window, "tokens_per_s": choice.tokens_per_s,
                                          "ar_tokens_per_s": choice.ar_tokens_per_s},

@@ -2,10 +2,15 @@
 in one target forward, judge the leading run, emit, with every value that changes between iterations held
 in device tensors.
 
-One iteration = the Jacobi update of the previous judge's predictions plus the initialisation of the
-positions entering the window (`refill`), one causal forward over the last emitted token and the W drafts,
-the acceptance tests of every position at once and the leading run (`judge_run`), and the emission of
-the accepted drafts plus one token. Near the end of the image the active width w = min(W, N - done) is a
+One iteration = the Jacobi update of the kept predictions plus the initialisation of the positions entering
+the window (`refill`), one forward over the last emitted token and the W drafts, the acceptance tests of every
+position at once and the leading run (`judge_run`), and the emission of the accepted drafts plus one token.
+2-D drafting (`JacobiConfig.rows` > 1) adds, in the same forward, a window on each of the next image rows at
+fixed offsets past the frontier: its queries read the tokens before their positions (raster-causal, or
+row-causal: the committed tokens and their own window) and only propose. `keep_predictions` keeps the newest
+prediction of every position up to the horizon, shifted as the frontier advances, so a position the frontier
+reaches is re-drawn from what a lower window last predicted for it; acceptance stays the frontier's exact rule
+on the law each draft was drawn from. With one row this is 1-D Jacobi, draw for draw. Near the end of the image the active width w = min(W, N - done) is a
 device value: drafts past it are never accepted, so the shapes stay those of `JacobiShape`. Randomness is
 drawn once per image before its first iteration (`draw_jacobi_uniforms`, outside any captured region): a
 table with one row of uniforms per iteration an image can take (each advances at least one token), which the
@@ -45,10 +50,38 @@ class JacobiShape:
     image_tokens: int
     sampling: SamplingConfig
     config: Any  # jacobi.JacobiConfig with an int window
+    stride: int = 0  # tokens per image row (the model's row stride); needed when config.rows > 1
 
     @property
     def window(self) -> int:
         return self.config.window
+
+    @property
+    def far_starts(self) -> tuple[int, ...]:
+        """Offsets past the frontier where the lower rows' windows start (empty for 1-D Jacobi)."""
+        return self.config.far_starts(self.window, self.stride) if self.config.rows > 1 else ()
+
+    @property
+    def drafts(self) -> int:
+        """Drafts per image per iteration: the frontier's W and every lower-row window's."""
+        return self.window + len(self.far_starts) * self.config.row_window
+
+    @property
+    def queries(self) -> int:
+        """Tokens one forward feeds per image: the last emitted token, the W frontier drafts, and each lower
+        window's left neighbour and its drafts but the last (a query predicts the next position)."""
+        return self.window + 1 + len(self.far_starts) * self.config.row_window
+
+    @property
+    def horizon(self) -> int:
+        """Positions past the frontier whose latest prediction is kept (offsets 0 .. horizon - 1)."""
+        far = [start + self.config.row_window for start in self.far_starts]
+        return max([self.window + 1, *far])
+
+    @property
+    def noise_width(self) -> int:
+        """Uniforms one iteration consumes: one per draft, then the judge's W + 1."""
+        return self.drafts + self.window + 1
 
     @property
     def images(self) -> int:
@@ -60,7 +93,7 @@ def jacobi_window(length: int, shape: JacobiShape, exact: bool, whole: bool = Fa
     """(band start, keys) for the forward at committed `length`: exactly length + W + 1 keys (devices that never
     capture), the whole cache (`whole`: one variant for an Inductor-compiled iteration), or rounded so one value
     serves every length of a `SLOT_BUCKET`-wide band; the start is where a capture of that band warms up."""
-    extent = shape.window + 1
+    extent = shape.queries
     if exact:
         return length, length + extent
     if whole:
@@ -70,7 +103,7 @@ def jacobi_window(length: int, shape: JacobiShape, exact: bool, whole: bool = Fa
 
 def jacobi_bands(shape: JacobiShape) -> list[tuple[int, int]]:
     """Every bucketed variant a cache of `shape.slots` slots can use (one captured graph each)."""
-    return [jacobi_window(start, shape, exact=False) for start in band_starts(shape.slots - shape.window - 1)]
+    return [jacobi_window(start, shape, exact=False) for start in band_starts(shape.slots - shape.queries)]
 
 
 @dataclass
@@ -81,18 +114,18 @@ class JacobiState:
     key_valid: torch.Tensor  # (rows, slots) bool
     length: torch.Tensor  # (rows,) long committed slots per row
     done: torch.Tensor  # (G,) long image tokens emitted
-    canvas: torch.Tensor  # (G, N + 2W + 2) long: emitted tokens, then the current drafts
-    per_cell: torch.Tensor  # (G, N + 2W + 2) int32
-    drafts: torch.Tensor  # (G, W) long
-    q: torch.Tensor  # (G, W, V) the distribution each draft was drawn from
+    canvas: torch.Tensor  # (G, N + 2H + 2) long: emitted tokens, then the current drafts (H: horizon)
+    per_cell: torch.Tensor  # (G, N + 2H + 2) int32
+    drafts: torch.Tensor  # (G, W) long the frontier's drafts
+    q: torch.Tensor  # (G, W, V) the distribution each frontier draft was drawn from
     proposed: torch.Tensor  # (G, W) bool: drawn from the model's own prediction (relaxable)
-    p_prev: torch.Tensor  # (G, W + 1, V) the last judge's target rows (the next Jacobi update)
-    accepted_prev: torch.Tensor  # (G,) long drafts the last judge accepted
-    width_prev: torch.Tensor  # (G,) long the last judge's active width
-    uniforms: torch.Tensor  # (G, N, 2W + 1) per image, row t: iteration t's refill (W) then judge (W + 1) uniforms
+    ahead: torch.Tensor  # (G, H + 1, V) a ring: the latest prediction for position P in row P mod H (H: discards)
+    held: torch.Tensor  # (G, H + 1) long the position whose prediction each row holds (-1: none)
+    last_p: torch.Tensor  # (G, V) the last frontier row's prediction (sample_left's law)
+    uniforms: torch.Tensor  # (G, N, noise_width) per image, row t: iteration t's draft then judge (W + 1) uniforms
     iteration: torch.Tensor  # (G,) long iterations each image has taken (its row of `uniforms`)
-    uniform_q: torch.Tensor  # (W, V) 1 / V, the random initialisation's law
-    gumbel: torch.Tensor | None  # (G, N + W + 1, V) coupled drafting's per-position noise, drawn per image
+    uniform_q: torch.Tensor  # (drafts, V) 1 / V, the random initialisation's law
+    gumbel: torch.Tensor | None  # (G, N + H, V) coupled drafting's per-position noise, drawn per image
     neighbors: torch.Tensor | None
     histogram: torch.Tensor  # (G, W + 1) long iterations by drafts accepted, per image
     absorbed: torch.Tensor  # (2,) relaxed / grouped mass: sum and max over accepted drafts
@@ -103,9 +136,10 @@ class JacobiState:
     def allocate(cls, model: ImageTransformer, shape: JacobiShape, neighbors: torch.Tensor | None) -> "JacobiState":
         device = model.tok_embeddings.weight.device
         N, V, W, G = shape.image_tokens, model.config.vocab_size, shape.window, shape.images
+        H = shape.horizon
         long = dict(dtype=torch.long, device=device)
         coupled = shape.config.coupled and not shape.sampling.greedy
-        padded = N + 2 * W + 2
+        padded = N + 2 * H + 2
         return cls(
             cache=model.allocate_cache(shape.rows, shape.slots),
             key_valid=torch.ones(shape.rows, shape.slots, dtype=torch.bool, device=device),
@@ -113,10 +147,12 @@ class JacobiState:
             per_cell=torch.ones(G, padded, dtype=torch.int32, device=device), drafts=torch.zeros(G, W, **long),
             q=torch.full((G, W, V), 1.0 / V, device=device),
             proposed=torch.zeros(G, W, dtype=torch.bool, device=device),
-            p_prev=torch.full((G, W + 1, V), 1.0 / V, device=device), accepted_prev=torch.zeros(G, **long),
-            width_prev=torch.zeros(G, **long), uniforms=torch.full((G, N, 2 * W + 1), 0.5, device=device),
-            iteration=torch.zeros(G, **long), uniform_q=torch.full((W, V), 1.0 / V, device=device),
-            gumbel=torch.zeros(G, N + W + 1, V, device=device) if coupled else None,
+            ahead=torch.full((G, H + 1, V), 1.0 / V, device=device),
+            held=torch.full((G, H + 1), -1, **long),
+            last_p=torch.full((G, V), 1.0 / V, device=device),
+            uniforms=torch.full((G, N, shape.noise_width), 0.5, device=device),
+            iteration=torch.zeros(G, **long), uniform_q=torch.full((shape.drafts, V), 1.0 / V, device=device),
+            gumbel=torch.zeros(G, N + H, V, device=device) if coupled else None,
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),
             histogram=torch.zeros(G, W + 1, **long), absorbed=torch.zeros(2, device=device),
             relaxed=torch.zeros((), **long))
@@ -133,13 +169,12 @@ class JacobiState:
         self.per_cell.fill_(1)
         self.length.fill_(prefix_len)
         self.done.fill_(1)
-        self.accepted_prev.zero_()
-        self.width_prev.zero_()
+        self.held.fill_(-1)
         self.iteration.zero_()
-        self.p_prev[:, 0] = first_p
+        self.last_p.copy_(first_p)
 
     def reset_for_warmup(self, start: int) -> None:
-        self.start_image(start, torch.zeros_like(self.done), self.p_prev[:, 0].clone())
+        self.start_image(start, torch.zeros_like(self.done), self.last_p.clone())
 
     def select(self, images: list[int], guided: bool) -> "JacobiState":
         """The state of images `images` only (their cache rows, windows, noise and counters; the run totals
@@ -152,7 +187,7 @@ class JacobiState:
             cache=self.cache.select_rows(rows), key_valid=self.key_valid.index_select(0, rows),
             length=self.length.index_select(0, rows), done=pick(self.done), canvas=pick(self.canvas),
             per_cell=pick(self.per_cell), drafts=pick(self.drafts), q=pick(self.q), proposed=pick(self.proposed),
-            p_prev=pick(self.p_prev), accepted_prev=pick(self.accepted_prev), width_prev=pick(self.width_prev),
+            ahead=pick(self.ahead), held=pick(self.held), last_p=pick(self.last_p),
             uniforms=pick(self.uniforms), iteration=pick(self.iteration), uniform_q=self.uniform_q, gumbel=pick(self.gumbel), neighbors=self.neighbors,
             histogram=pick(self.histogram), absorbed=self.absorbed, relaxed=self.relaxed)
 
@@ -201,43 +236,98 @@ def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions
     return sample_from_probs(probs.reshape(G * W, V), uniforms.reshape(-1)).view(G, W)
 
 
+def draft_offsets(shape: JacobiShape, device: torch.device) -> torch.Tensor:
+    """(drafts,) offsets past the frontier of every draft: the frontier's 0 .. W-1, then each lower-row
+    window's, row by row."""
+    frontier = torch.arange(shape.window, device=device)
+    if not shape.far_starts:
+        return frontier
+    return torch.cat([frontier, _far_positions(shape, device, 0)])
+
+
+def query_offsets(shape: JacobiShape, device: torch.device) -> torch.Tensor:
+    """(queries,) the offset each query predicts: query i reads the token at offset i - 1 (the frontier's
+    first reads the last emitted token) and predicts offset i."""
+    frontier = torch.arange(shape.window + 1, device=device)
+    if not shape.far_starts:
+        return frontier
+    return torch.cat([frontier, _far_positions(shape, device, 0)])
+
+
+def query_blocks(shape: JacobiShape, device: torch.device) -> torch.Tensor:
+    """(queries,) the window each query belongs to: 0 for the frontier's, j for row j's; with `row_causal` a
+    lower window's queries see the committed tokens and their own window only (they propose, nothing more)."""
+    frontier = torch.zeros(shape.window + 1, dtype=torch.long, device=device)
+    if not shape.far_starts:
+        return frontier
+    rows = torch.arange(1, len(shape.far_starts) + 1, device=device)
+    far = rows[:, None].expand(-1, shape.config.row_window).reshape(-1)  # (R-1) x w -> flat
+    return torch.cat([frontier, far])
+
+
+def _far_positions(shape: JacobiShape, device: torch.device, shift: int) -> torch.Tensor:
+    step = shape.stride + shape.config.column_offset
+    rows = torch.arange(1, len(shape.far_starts) + 1, device=device)
+    cols = torch.arange(shape.config.row_window, device=device)
+    return (rows[:, None] * step + cols[None] + shift).reshape(-1)  # (R-1, w) -> flat
+
+
 def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor) -> None:
-    """New drafts for positions done .. done+W-1 of every image: the first c = w - a rows re-drawn from the
-    last judge's predictions for them (Jacobi update), the rest initialised per `config.init`; row j of a
-    sampled draw uses uniforms[:, j] (G, W)."""
+    """New drafts at every draft offset of every image (the frontier's W, then the lower rows' windows):
+    where a prediction for the position is kept (`known`: the last forward's, or an earlier lower window's)
+    the draft is re-drawn from it (the Jacobi update), elsewhere initialised per `config.init`. Row j of a
+    sampled draw uses uniforms[:, j] (G, drafts). The frontier's drafts and their laws go to `drafts`, `q` and
+    `proposed`; every draft to the canvas."""
     shape = ctx.shape
     W, init, grid = shape.window, shape.config.init, ctx.model.config.row_stride
-    G, V = state.drafts.shape[0], state.q.shape[-1]
-    j = torch.arange(W, device=state.canvas.device)
-    carried = j < (state.width_prev - state.accepted_prev)[:, None]  # (G, W)
-    rows = (state.accepted_prev[:, None] + 1 + j).clamp(max=W)  # (G, W)
-    p_carry = state.p_prev.gather(1, rows[..., None].expand(-1, -1, V))  # (G, W, V) prediction per carried position
-    positions = state.done[:, None] + j  # (G, W) absolute image positions
+    G, V = state.drafts.shape[0], state.ahead.shape[-1]
+    offsets = draft_offsets(shape, state.canvas.device)  # (D,)
+    D, H = offsets.shape[0], state.ahead.shape[1] - 1
+    positions = state.done[:, None] + offsets  # (G, D) absolute image positions
+    ring = positions % H  # (G, D) where a kept prediction for each position would be
+    known = state.held.gather(1, ring) == positions  # (G, D)
+    p_known = state.ahead.gather(1, ring[..., None].expand(-1, -1, V))  # (G, D, V) the kept prediction per draft
     if init in DRAWN_INITS:
-        if init == "random":
-            fresh_q = state.uniform_q[None]
-        else:
-            fresh_q = state.p_prev.gather(1, state.width_prev[:, None, None].expand(-1, 1, V)).expand(-1, W, -1)
-        q = torch.where(carried[..., None], p_carry, fresh_q)
+        fresh_q = state.uniform_q[None] if init == "random" else state.last_p[:, None].expand(-1, D, -1)
+        q = torch.where(known[..., None], p_known, fresh_q)
         tokens = _draw(shape, state, q, positions, uniforms)
-    else:  # repeat_left / repeat_above: copy an earlier token (carried ones written first)
-        moved = _draw(shape, state, p_carry, positions, uniforms)
-        state.canvas.scatter_(1, positions, torch.where(carried, moved, state.canvas.gather(1, positions)))
-        start = (state.done + (state.width_prev - state.accepted_prev))[:, None]  # (G, 1) first initialised position
+    else:  # repeat_left / repeat_above: copy an earlier token (re-drawn ones written first)
+        moved = _draw(shape, state, p_known, positions, uniforms)
+        state.canvas.scatter_(1, positions, torch.where(known, moved, state.canvas.gather(1, positions)))
+        fresh = torch.zeros_like(state.canvas, dtype=torch.bool).scatter_(1, positions, ~known)  # initialised now
         source = positions
-        for _ in range(W):  # follow copies of copies back to a position before `start` (fixed trip)
+        for _ in range(D):  # follow copies of copies back to a position not initialised now (fixed trip)
             if init == "repeat_above":
                 earlier = torch.where(source < grid, source - 1, source - grid)
             else:
                 earlier = source - 1
-            source = torch.where(source >= start, earlier, source)
-        tokens = torch.where(carried, moved, state.canvas.gather(1, source))
-        point = torch.zeros_like(p_carry).scatter_(2, tokens[..., None], 1.0)  # point masses (one_hot would sync on CUDA)
-        q = torch.where(carried[..., None], p_carry, point)
+            source = torch.where(fresh.gather(1, source.clamp(min=0)), earlier, source)
+        tokens = torch.where(known, moved, state.canvas.gather(1, source.clamp(min=0)))
+        point = torch.zeros_like(p_known).scatter_(2, tokens[..., None], 1.0)  # point masses (one_hot would sync on CUDA)
+        q = torch.where(known[..., None], p_known, point)
     state.canvas.scatter_(1, positions, tokens)
-    state.drafts.copy_(tokens)
-    state.q.copy_(q.expand(G, W, V))
-    state.proposed.copy_(carried)
+    state.drafts.copy_(tokens[:, :W])
+    state.q.copy_(q[:, :W].expand(G, W, V))
+    state.proposed.copy_(known[:, :W])
+
+
+def keep_predictions(shape: JacobiShape, state: JacobiState, p: torch.Tensor, positions: torch.Tensor,
+                     width: torch.Tensor) -> None:
+    """Keep this forward's predictions, p (G, queries, V) row i predicting `positions`[:, i] (done +
+    `query_offsets`[i]), each in its ring row, position mod horizon, so the newest prediction of a position
+    replaces an older one. The forward's positions span less than a horizon, so no two share a row, and a
+    row left holding a position the frontier has passed (the emitted ones among them) is never read again:
+    `refill` reads a row only where it holds the very position it drafts. Predictions past the image are kept
+    too (the drafts they feed are never judged and sit after every image position). The last frontier row's
+    (position done + `width`) becomes sample_left's law."""
+    H, V = state.ahead.shape[1] - 1, state.ahead.shape[-1]
+    row = positions % H  # (G, Q)
+    if shape.far_starts and shape.far_starts[0] == shape.window:  # the frontier's last row and the first lower
+        # window's first both predict offset W: the lower window's prediction is kept, the other discarded
+        row = torch.where(torch.arange(positions.shape[1], device=p.device) == shape.window, H, row)
+    state.ahead.scatter_(1, row[..., None].expand(-1, -1, V), p)
+    state.held.scatter_(1, row, positions)
+    state.last_p.copy_(p.gather(1, width[:, None, None].expand(-1, 1, V))[:, 0])
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -303,20 +393,36 @@ def judge_run(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, uniforms: 
     return StaticVerdict(a, token, torch.where(cols < a[:, None], gain, torch.zeros_like(gain)))
 
 
-def forward_window(model: ImageTransformer, state, feed: torch.Tensor, window: int | None = None) -> torch.Tensor:
+def forward_window(model: ImageTransformer, state, feed: torch.Tensor, window: int | None = None,
+                   offsets: torch.Tensor | None = None, blocks: torch.Tensor | None = None) -> torch.Tensor:
     """Feed tokens (n,) at the committed length of `state` (anything with `cache`, `key_valid` and an int or
-    () device `length`), or per image (G, n) at per-row lengths (rows,); written, not committed. Attends over
-    `window` slots (default length + n, exact). Returns logits (rows, n, V)."""
+    () device `length`), or per image (G, n) at per-row lengths (rows,); written, not committed, in the n
+    slots past the committed length. Attends over `window` slots (default length + n, exact). Query i sits
+    at position length + offsets[i] (default i) and, with `blocks` (n,) window ids, sees the committed keys
+    and the earlier keys of its own window only; by default every earlier key (causal). Returns logits
+    (rows, n, V)."""
     rows, n = state.key_valid.shape[0], feed.shape[-1]
     window = state.length + n if window is None else window
+    lanes = torch.arange(n, device=feed.device)
     if feed.dim() == 2:  # per image, per-row lengths
-        slots = state.length[:, None] + torch.arange(n, device=feed.device)  # (rows, n)
+        slots = state.length[:, None] + lanes  # (rows, n)
         inputs = per_row(feed, rows)
     else:
-        slots = state.length + torch.arange(n, device=feed.device)  # (n,)
+        slots = state.length + lanes  # (n,)
         inputs = feed[None].expand(rows, -1)
-    step = ForwardStep(slots.clamp(max=model.rope_table.shape[0] - 1), state.cache, kv_len=window,
-                       mask=attention_mask(state.key_valid, slots, window), slots=slots)
+    mask = attention_mask(state.key_valid, slots, window)  # (rows, 1, n, window)
+    positions = slots
+    if offsets is not None:
+        positions = slots - lanes + offsets
+    if blocks is not None:
+        keys = torch.arange(window, device=feed.device)
+        start = slots[..., :1] if slots.dim() == 2 else slots[:1]  # the first scratch slot (rows, 1) or (1,)
+        scratch = keys - start  # (rows | 1, window): which window's slot each key is, where >= 0
+        key_block = blocks.gather(0, scratch.clamp(min=0, max=n - 1).reshape(-1)).view(scratch.shape)
+        same = (scratch < 0)[..., None, :] | (key_block[..., None, :] == blocks[:, None])  # (rows | 1, n, window)
+        mask = mask & (same[:, None] if same.dim() == 3 else same[None, None])
+    step = ForwardStep(positions.clamp(max=model.rope_table.shape[0] - 1), state.cache, kv_len=window,
+                       mask=mask, slots=slots)
     return model.logits(model(model.embed_tokens(inputs), step))
 
 
@@ -328,25 +434,34 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
     W, N = shape.window, shape.image_tokens
     done = state.done
     active = done < N  # (G,) images still decoding before this iteration
-    row = state.iteration.clamp(max=N - 1)[:, None, None].expand(-1, 1, 2 * W + 1)  # (G, 1, 2W+1)
-    uniforms = state.uniforms.gather(1, row)[:, 0]  # (G, 2W+1) this iteration's: refill W, judge W+1
-    refill(ctx, state, uniforms[:, :W])
+    D = shape.drafts
+    row = state.iteration.clamp(max=N - 1)[:, None, None].expand(-1, 1, shape.noise_width)  # (G, 1, D+W+1)
+    uniforms = state.uniforms.gather(1, row)[:, 0]  # (G, D+W+1) this iteration's: drafts D, judge W+1
+    refill(ctx, state, uniforms[:, :D])
     k = torch.arange(W + 1, device=done.device)
-    feed = torch.cat([state.canvas.gather(1, (done - 1)[:, None]), state.drafts], 1)  # (G, W+1)
-    logits = forward_window(model, state, feed, window)  # (rows, W+1, V)
-    p = ctx.target(logits, (done[:, None] + k).clamp(max=N))  # (G, W+1, V)
+    cells = done[:, None] + k  # (G, W+1) the frontier's positions (emitted cells: <= a)
+    if shape.far_starts:  # 2-D: the lower rows' windows ride in the same forward
+        offsets = query_offsets(shape, done.device)  # (Q,)
+        predicted = done[:, None] + offsets  # (G, Q) the position each query predicts
+        feed = state.canvas.gather(1, predicted - 1)  # (G, Q) each query reads the token before it
+        blocks = query_blocks(shape, done.device) if shape.config.row_causal else None
+        logits = forward_window(model, state, feed, window, offsets, blocks)
+        p_all = ctx.target(logits, predicted.clamp(max=N))  # (G, Q, V)
+        p = p_all[:, :W + 1]
+    else:
+        predicted = cells
+        feed = torch.cat([state.canvas.gather(1, (done - 1)[:, None]), state.drafts], 1)  # (G, W+1)
+        logits = forward_window(model, state, feed, window)  # (rows, W+1, V)
+        p_all = p = ctx.target(logits, cells.clamp(max=N))  # (G, W+1, V)
     width = (N - done).clamp(min=0, max=W)  # (G,) active drafts: never past the last image token
-    verdict = judge_run(p, state.q, state.drafts, uniforms[:, W:], width, shape.config, state.neighbors,
+    verdict = judge_run(p, state.q, state.drafts, uniforms[:, D:], width, shape.config, state.neighbors,
                         state.proposed, shape.sampling.greedy)
     a = verdict.accepted
     count = a + 1  # (G,)
     new = torch.where(k == a[:, None], verdict.token[:, None], torch.cat([state.drafts, state.drafts[:, -1:]], 1))
-    cells = done[:, None] + k  # (G, W+1), valid <= a
     state.canvas.scatter_(1, cells, new)
     state.per_cell.scatter_(1, cells, count.to(torch.int32)[:, None].expand(-1, W + 1))
-    state.p_prev.copy_(p)
-    state.accepted_prev.copy_(a)
-    state.width_prev.copy_(width)
+    keep_predictions(shape, state, p_all, predicted, width)
     # an image finishing now (or done before) keeps its length: its later writes stay inside the cache
     state.length.add_(per_row(torch.where(done + count < N, count, torch.zeros_like(count)), state.length.shape[0]))
     done.add_(torch.where(active, count, torch.zeros_like(count)))

@@ -37,12 +37,17 @@ CUSTOM_TREE_MAX_DEPTH = 64  # as deep as a dynamic tree may be
 
 @dataclass(frozen=True)
 class JacobiWidgets:
-    """The Jacobi widgets: window (0 = auto), initialisation, relaxed rule and GSD's probability gap."""
+    """The Jacobi widgets: window (0 = auto), initialisation, relaxed rule, GSD's probability gap, and the 2-D
+    row geometry (draft windows open, drafts per lower-row window, its column offset, the lower windows' mask)."""
 
     window: int = 0
     init: str = "sample_left"
     relaxation: str = "lantern_pp"
     gsd_gap: float = 0.15
+    rows: int = 1
+    row_window: int = 4
+    row_offset: int = -5
+    row_causal: bool = False
 
 
 def parse_custom_tree(text: str) -> TreeSpec:
@@ -95,8 +100,13 @@ def build_jacobi(mode: str, jacobi: JacobiWidgets, lantern_k: int, delta: float,
             relaxation = Relaxation(k=lantern_k, lam=lam)
         else:
             grouping = Grouping(k=lantern_k, gap=jacobi.gsd_gap)
+    for name, value, low, high in (("jacobi_rows", jacobi.rows, 1, 8), ("jacobi_row_window", jacobi.row_window, 1, 64),
+                                   ("jacobi_row_offset", jacobi.row_offset, -64, 64)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(name, f"an integer in {low}..{high}", value)
     return JacobiConfig(window=jacobi.window or "auto", coupled=mode != "sjd", init=jacobi.init,
-                        relaxation=relaxation, grouping=grouping)
+                        relaxation=relaxation, grouping=grouping, rows=jacobi.rows, row_window=jacobi.row_window,
+                        row_offset=jacobi.row_offset, row_causal=bool(jacobi.row_causal))
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,12 @@ MODES = {  # name: (config, sampling, neighbour table needed)
     "lantern_pp": (JacobiConfig(window=8, init="sample_left", relaxation=Relaxation(k=8, lam=6.0)), SAMPLED, True),
     "gsd": (JacobiConfig(window=8, coupled=True, grouping=Grouping(k=8, gap=0.2)), SAMPLED, True),
 }
+TWO_D = {  # 2-D drafting (no step-by-step oracle: checked against eager, compiled and captured here)
+    "coupled_2d_three_rows": (JacobiConfig(window=6, coupled=True, init="sample_left", rows=3, row_window=4,
+                                           row_offset=-2), SAMPLED, False),
+    "sjd_2d_row_causal_repeat_above": (JacobiConfig(window=9, init="repeat_above", rows=2, row_window=10,
+                                                    row_offset=-1, row_causal=True), SAMPLED, False),
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +54,7 @@ def wide():
 
 
 def run(model, labels, name, table, seed, compile="off"):
-    config, sampling, needs = MODES[name]
+    config, sampling, needs = {**MODES, **TWO_D}[name]
     return jacobi_generate(model, Condition.classes(labels), sampling, config, make_generators(seed, len(labels)),
                            table if needs else None, compile=compile)
 
@@ -88,7 +94,7 @@ def test_window_bands_cover_every_length():
         assert jacobi_window(length, shape, exact=True) == (length, length + 9)
 
 
-@pytest.mark.parametrize("name", ["lantern_delta", "sjd_repeat_above", "greedy"])
+@pytest.mark.parametrize("name", ["lantern_delta", "sjd_repeat_above", "greedy", "sjd_2d_row_causal_repeat_above"])
 def test_replayed_iterations_over_window_bands_give_the_eager_tokens(wide, monkeypatch, name):
     model, table = wide
     use_stand_in_graphs(monkeypatch, step_graphs)
@@ -99,7 +105,7 @@ def test_replayed_iterations_over_window_bands_give_the_eager_tokens(wide, monke
     step_graphs.release(model)
 
 
-@pytest.mark.parametrize("name", ["lantern_delta", "sjd_repeat_above", "gsd"])
+@pytest.mark.parametrize("name", ["lantern_delta", "sjd_repeat_above", "gsd", "coupled_2d_three_rows"])
 def test_iteration_compiles_fullgraph_and_decodes_without_recompiling(wide, monkeypatch, name):
     import torch._dynamo
 
@@ -117,11 +123,11 @@ def test_iteration_compiles_fullgraph_and_decodes_without_recompiling(wide, monk
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", ["lantern_delta", "sjd", "greedy"])
+@pytest.mark.parametrize("name", ["lantern_delta", "sjd", "greedy", "coupled_2d_three_rows"])
 def test_cuda_graph_iterations_equal_eager_and_are_reused(name, dtype):
     model = random_gpt(WIDE_C2I, seed=7, std=0.2).to("cuda", dtype)
     table = build_neighbors(torch.randn(WIDE_C2I.vocab_size, 3, generator=torch.Generator().manual_seed(2)), 8).cuda()
-    config, sampling, needs = MODES[name]
+    config, sampling, needs = {**MODES, **TWO_D}[name]
 
     def decode(seed, compile):
         return jacobi_generate(model, Condition.classes([seed + 1], device="cuda"), sampling, config,

@@ -181,6 +181,9 @@ CONFIG_CONTEXT = {
     "jacobi_init": ("sjd", {"mode": "sjd_relaxed"}),
     "sjd_relaxation": ("sjd", {"mode": "sjd_relaxed"}),
     "gsd_gap": ("sjd", {"mode": "sjd_relaxed", "sjd_relaxation": "gsd"}),
+    "jacobi_rows": ("sjd", {"mode": "sjd_coupled"}),
+    "jacobi_row_window": ("sjd", {"mode": "sjd_coupled", "jacobi_rows": 2}),
+    "jacobi_row_offset": ("sjd", {"mode": "sjd_coupled", "jacobi_rows": 2}),
     "compile": ("base", {"mode": "ar"}),
 }
 IGNORED_TEXT = {("LanternConditioning", "prompt"), ("LanternGenerate", "prompt")}  # c2i models ignore the prompt
@@ -298,6 +301,13 @@ LIMIT_RUNS = [
                                            jacobi_init="repeat_left")}),
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd_relaxed", sjd_relaxation="gsd", gsd_gap=1.0, lantern_k=10)}),
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd_relaxed", sjd_relaxation="lantern_pp", lam=1.0, lantern_k=10)}),
+    # 2-D Jacobi geometry at its limits: 8 rows 80 tokens apart (most windows past the image), a 64-wide lower
+    # window below the frontier, and the most negative offset with one row (where it is not read)
+    ("sjd", {"LanternDecodingConfig": dict(mode="sjd_coupled", jacobi_window=4, jacobi_rows=8, jacobi_row_window=1,
+                                           jacobi_row_offset=64)}),
+    ("sjd", {"LanternDecodingConfig": dict(mode="sjd", jacobi_window=4, jacobi_rows=2, jacobi_row_window=64,
+                                           jacobi_row_offset=0)}),
+    ("sjd", {"LanternDecodingConfig": dict(mode="sjd_coupled", jacobi_rows=1, jacobi_row_offset=-64)}),
 ]
 
 

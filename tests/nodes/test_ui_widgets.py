@@ -17,11 +17,14 @@ EXPECTED = {  # (mode, tree, sjd_relaxation) -> the widgets shown besides mode a
     ("static_tree", "auto", "lantern_pp"): ["tree"],
     ("static_tree", "chain", "lantern_pp"): ["tree", "chain_length"],
     ("lantern_pp", "custom", "lantern_pp"): ["tree", "custom_tree", "lantern_k", "lam"],
-    ("sjd", "custom", "lantern_pp"): ["jacobi_window", "jacobi_init"],
-    ("sjd_coupled", "auto", "lantern_pp"): ["jacobi_window", "jacobi_init"],
-    ("sjd_relaxed", "auto", "lantern_pp"): ["lantern_k", "lam", "jacobi_window", "jacobi_init", "sjd_relaxation"],
-    ("sjd_relaxed", "auto", "gsd"): ["lantern_k", "jacobi_window", "jacobi_init", "sjd_relaxation", "gsd_gap"],
-    ("sjd_relaxed", "auto", "lantern"): ["lantern_k", "delta", "jacobi_window", "jacobi_init", "sjd_relaxation"],
+    ("sjd", "custom", "lantern_pp"): ["jacobi_window", "jacobi_init", "jacobi_rows"],
+    ("sjd_coupled", "auto", "lantern_pp"): ["jacobi_window", "jacobi_init", "jacobi_rows"],
+    ("sjd_relaxed", "auto", "lantern_pp"): ["lantern_k", "lam", "jacobi_window", "jacobi_init", "sjd_relaxation",
+                                            "jacobi_rows"],
+    ("sjd_relaxed", "auto", "gsd"): ["lantern_k", "jacobi_window", "jacobi_init", "sjd_relaxation", "gsd_gap",
+                                     "jacobi_rows"],
+    ("sjd_relaxed", "auto", "lantern"): ["lantern_k", "delta", "jacobi_window", "jacobi_init", "sjd_relaxation",
+                                         "jacobi_rows"],
     ("ar", "auto", "lantern"): [],
 }
 
@@ -54,7 +57,7 @@ RELOAD = """async ([mode, vue]) => {
     const node = window.app.graph._nodes.find(n => n.type === 'LanternDecodingConfig');
     const rows = () => [...document.querySelectorAll(`[data-node-id="${node.id}"] .lg-node-widget`)]
         .filter(r => r.getClientRects().length > 0);
-    for (let i = 0; vue && i < 100 && rows().length !== 4; i++) await new Promise(r => setTimeout(r, 100));
+    for (let i = 0; vue && i < 100 && rows().length !== 5; i++) await new Promise(r => setTimeout(r, 100));
     const root = document.querySelector(`[data-node-id="${node.id}"]`);
     return {canvas: node.widgets.filter(w => node.isWidgetVisible(w)).map(w => w.name), rows: rows().length,
             lines: root ? root.innerText.split('\\n') : []};
@@ -87,7 +90,7 @@ def test_decoding_config_shows_only_the_widgets_its_mode_reads(server, vue_nodes
         ctx.close()
     assert sorted(reloaded["canvas"]) == sorted(ALWAYS + EXPECTED["sjd_coupled", "auto", "lantern_pp"]), reloaded
     if vue_nodes:
-        assert reloaded["rows"] == 4 and "jacobi_window" in reloaded["lines"] and "tree" not in reloaded["lines"], reloaded
+        assert reloaded["rows"] == 5 and "jacobi_window" in reloaded["lines"] and "tree" not in reloaded["lines"], reloaded
     for key, shown in EXPECTED.items():
         visible = set(ALWAYS + shown)
         assert sorted(seen[key]["canvas"]) == sorted(visible), (key, seen[key])  # the canvas renderer's own test
@@ -96,5 +99,5 @@ def test_decoding_config_shows_only_the_widgets_its_mode_reads(server, vue_nodes
             assert set(label(visible & plain)) <= lines, (key, seen[key]["lines"])
             assert not set(label(plain - visible)) & lines, (key, seen[key]["lines"])
             assert seen[key]["rows"] == len(visible), (key, seen[key]["rows"])
-    assert len(saved["widgets_values"]) == 15 and saved["widgets_values"][0] == "ar"  # every value is kept
+    assert len(saved["widgets_values"]) == 18 and saved["widgets_values"][0] == "ar"  # every value is kept
     assert not errors, errors

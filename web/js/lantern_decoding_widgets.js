@@ -11,7 +11,8 @@ import { app } from "../../../scripts/app.js"; // served at /extensions/<pack>/j
 
 const NODE = "LanternDecodingConfig";
 const EAGLE = ["eagle_depth", "eagle_top_k", "eagle_nodes"];
-const JACOBI = ["jacobi_window", "jacobi_init"];
+const JACOBI = ["jacobi_window", "jacobi_init", "jacobi_rows"];
+const ROWS = ["jacobi_row_window", "jacobi_row_offset"]; // the 2-D geometry, read when jacobi_rows > 1
 const USES = {
   ar: [],
   eagle2: EAGLE,
@@ -24,7 +25,7 @@ const USES = {
 };
 const ALWAYS = ["mode", "compile"];
 const RULE_PARAMETER = { lantern: "delta", lantern_pp: "lam", gsd: "gsd_gap" };
-const DEPENDS = ["mode", "tree", "sjd_relaxation"]; // widgets whose value changes what is shown
+const DEPENDS = ["mode", "tree", "sjd_relaxation", "jacobi_rows"]; // widgets whose value changes what is shown
 
 // The names of the widgets a node with these widget values reads.
 export function usedWidgets(values) {
@@ -33,6 +34,7 @@ export function usedWidgets(values) {
     if (values.tree === "chain") shown.add("chain_length");
     if (values.tree === "custom") shown.add("custom_tree");
   }
+  if (shown.has("jacobi_rows") && Number(values.jacobi_rows) > 1) ROWS.forEach((name) => shown.add(name));
   if (values.mode === "sjd_relaxed" && RULE_PARAMETER[values.sjd_relaxation]) {
     shown.add(RULE_PARAMETER[values.sjd_relaxation]);
   }
