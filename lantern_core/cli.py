@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--row-offset", type=int, default=-5,
                    help="sjd modes with --rows > 1: columns from the column below the frontier to where each lower "
                         "row's window starts (negative: to its left)")
+    g.add_argument("--continuation", action="store_true",
+                   help="sjd: a Jacobi update keeps the current draft with probability min(1, p/q), else draws from "
+                        "the residual (SJD-PAC's adaptive continuation; lossless)")
     g.add_argument("--row-causal", action="store_true",
                    help="sjd modes with --rows > 1: lower windows see only the committed tokens and their own window "
                         "(Parallel Jacobi Decoding's mask) instead of every earlier draft")
@@ -123,7 +126,8 @@ def cli_settings(args: argparse.Namespace) -> ModeSettings:
     return ModeSettings(args.decoding, args.tree, args.chain_length, args.custom_tree, args.lantern_k, args.delta,
                         args.lam, DynamicShape(args.eagle_depth, args.eagle_top_k, args.eagle_nodes),
                         JacobiWidgets(parse_window(args.window), args.init, args.sjd_relaxation, args.gsd_gap,
-                                      args.rows, args.row_window, args.row_offset, args.row_causal))
+                                      args.rows, args.row_window, args.row_offset, args.row_causal,
+                                      args.continuation))
 
 
 @dataclass

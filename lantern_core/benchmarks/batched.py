@@ -56,6 +56,7 @@ def methods(device: torch.device) -> list[Method]:
                                                             relaxation=Relaxation(k=10, lam=5.0))),
             Method("sjd", JacobiConfig("auto", init="sample_left")),
             Method("sjd_coupled", JacobiConfig("auto", **coupled)),
+            Method("sjd_coupled 2-D (next row)", JacobiConfig("auto", **coupled, rows=2, row_window=16, row_offset=-1)),
             Method("sjd_relaxed lambda=5", JacobiConfig("auto", **coupled, relaxation=Relaxation(k=10, lam=5.0)))]
 
 

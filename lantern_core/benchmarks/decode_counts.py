@@ -162,6 +162,7 @@ def jacobi_modes(k: int) -> list[tuple[str, JacobiConfig, bool]]:
             ("sjd_relaxed lambda 5 w16", JacobiConfig(16, **coupled, relaxation=Relaxation(k=k, lam=5.0)), False),
             ("sjd_relaxed gsd w16", JacobiConfig(16, **coupled, grouping=Grouping(k=k, gap=0.15)), False),
             ("sjd w16 greedy", JacobiConfig(16, init="sample_left"), True),
+            ("sjd continuation w16", JacobiConfig(16, init="sample_left", continuation=True), False),
             ("sjd_coupled 2-D w15 + next row w16", JacobiConfig(15, **coupled, rows=2, row_window=16, row_offset=-1),
              False)]
 

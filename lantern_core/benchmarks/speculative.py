@@ -61,7 +61,10 @@ class Method:
 def tree_label(tree: str) -> str:
     """The short name of what a row decoded with: the static tree, or the Jacobi window."""
     if "jacobi w" in tree:
-        return "window " + tree.split("jacobi w")[1].split(" ")[0]
+        label = "window " + tree.split("jacobi w")[1].split(" ")[0]
+        if ", 2-D: " in tree:  # "2 rows x w16 offset -1": the lower rows' windows
+            label += " + " + tree.split(", 2-D: ")[1].split(",")[0]
+        return label
     return tree.split(" ")[0]
 
 
@@ -77,6 +80,8 @@ def methods(lantern_k: int = 1000, pp_k: int = 10) -> list[Method]:
              for lam in (2.0, 5.0, 10.0)]
     coupled = dict(coupled=True, init="sample_left")
     rows += [Method("sjd", JacobiConfig("auto", init="sample_left")), Method("sjd_coupled", JacobiConfig("auto", **coupled)),
+             Method("sjd_coupled 2-D (next row)", JacobiConfig("auto", **coupled, rows=2, row_window=16, row_offset=-1)),
+             Method("sjd 2-D (next row)", JacobiConfig("auto", init="sample_left", rows=2, row_window=16, row_offset=-1)),
              Method("sjd_coupled random init", JacobiConfig("auto", coupled=True, init="random")),
              Method("sjd_coupled repeat_above", JacobiConfig("auto", coupled=True, init="repeat_above"))]
     rows += [Method(f"sjd_relaxed lambda={lam:g} k={pp_k}", JacobiConfig("auto", **coupled, relaxation=Relaxation(k=pp_k, lam=lam)))

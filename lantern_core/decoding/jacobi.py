@@ -72,6 +72,8 @@ class JacobiConfig:
     row_offset: int | None = None  # where row j's window starts: j x (row stride + row_offset) past the frontier
     # (default -row_window - 1: it ends one column left of the column below the frontier, so the tokens above
     # it and above-right of it are committed)
+    continuation: bool = False  # SJD-PAC's adaptive continuation: a Jacobi update keeps the current draft with
+    # probability min(1, p / q) (else a residual draw), a maximal coupling; uncoupled drafts only
     row_causal: bool = False  # lower windows see the committed tokens and their own window only (PJD's mask);
     # else every earlier token the forward holds (the frontier's drafts and the windows above), in raster order
 
@@ -89,6 +91,9 @@ class JacobiConfig:
         if self.row_offset is not None and (isinstance(self.row_offset, bool) or not isinstance(self.row_offset, int)):
             raise ConfigError("jacobi row_offset", "an integer (columns; negative = left of the frontier's)",
                               self.row_offset)
+        if self.continuation and self.coupled:
+            raise ConfigError("jacobi continuation", "uncoupled drafts (continuation is itself a coupling)",
+                              {"continuation": True, "coupled": True}, "use sjd with continuation, or sjd_coupled")
         if self.relaxation is not None and self.grouping is not None:
             raise ConfigError("jacobi acceptance", "at most one of relaxation (LANTERN) or grouping (GSD)",
                               {"relaxation": self.relaxation, "grouping": self.grouping})
@@ -128,7 +133,7 @@ class JacobiConfig:
 
     def describe(self, window: int | str | None = None) -> str:
         """e.g. "coupled jacobi w12 (sample-left init), lantern k10 lambda 5"; `window` overrides "auto"."""
-        name = f"{'coupled ' if self.coupled else ''}jacobi w{window or self.window} ({self.init.replace('_', '-')} init)"
+        name = f"{'coupled ' if self.coupled else 'continued ' if self.continuation else ''}jacobi w{window or self.window} ({self.init.replace('_', '-')} init)"
         if self.rows > 1:
             name += (f", 2-D: {self.rows} rows x w{self.row_window} offset {self.column_offset:+d}"
                      f"{' row-causal' if self.row_causal else ''}")
@@ -305,8 +310,9 @@ def _auto_window(model: ImageTransformer, condition: Condition, sampling: Sampli
         largest = config.largest_window(model.config.row_stride)
         _decode_batch(model, replace(config, window=largest), request,
                       BatchSink.allocate(1, model.config.num_image_tokens, scratch))
-        costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1), largest + 1)
-        cached[key] = choose_window(scratch.histogram, costs, largest)
+        extra = (config.rows - 1) * config.row_window  # the lower rows' drafts ride in every forward
+        costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1), largest + 1 + extra)
+        cached[key] = choose_window(scratch.histogram, costs, largest, extra)
         choice = cached[key]
         auto_store.remember(stored_key, {"window": choice.window, "tokens_per_s": choice.tokens_per_s,
                                          "ar_tokens_per_s": choice.ar_tokens_per_s},

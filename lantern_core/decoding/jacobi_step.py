@@ -79,9 +79,15 @@ class JacobiShape:
         return max([self.window + 1, *far])
 
     @property
+    def draft_noise(self) -> int:
+        """Uniforms one refill consumes: one per draft, and with continuation one more per draft (the test
+        whether the current draft is kept)."""
+        return self.drafts * (2 if self.config.continuation else 1)
+
+    @property
     def noise_width(self) -> int:
-        """Uniforms one iteration consumes: one per draft, then the judge's W + 1."""
-        return self.drafts + self.window + 1
+        """Uniforms one iteration consumes: the refill's, then the judge's W + 1."""
+        return self.draft_noise + self.window + 1
 
     @property
     def images(self) -> int:
@@ -122,6 +128,8 @@ class JacobiState:
     ahead: torch.Tensor  # (G, H + 1, V) a ring: the latest prediction for position P in row P mod H (H: discards)
     held: torch.Tensor  # (G, H + 1) long the position whose prediction each row holds (-1: none)
     last_p: torch.Tensor  # (G, V) the last frontier row's prediction (sample_left's law)
+    drawn: torch.Tensor | None  # continuation: (G, H + 1, V) ring of the law each position's current draft came from
+    drawn_at: torch.Tensor | None  # continuation: (G, H + 1) long the position each `drawn` row is for (-1: none)
     uniforms: torch.Tensor  # (G, N, noise_width) per image, row t: iteration t's draft then judge (W + 1) uniforms
     iteration: torch.Tensor  # (G,) long iterations each image has taken (its row of `uniforms`)
     uniform_q: torch.Tensor  # (drafts, V) 1 / V, the random initialisation's law
@@ -150,6 +158,8 @@ class JacobiState:
             ahead=torch.full((G, H + 1, V), 1.0 / V, device=device),
             held=torch.full((G, H + 1), -1, **long),
             last_p=torch.full((G, V), 1.0 / V, device=device),
+            drawn=torch.full((G, H + 1, V), 1.0 / V, device=device) if shape.config.continuation else None,
+            drawn_at=torch.full((G, H + 1), -1, **long) if shape.config.continuation else None,
             uniforms=torch.full((G, N, shape.noise_width), 0.5, device=device),
             iteration=torch.zeros(G, **long), uniform_q=torch.full((shape.drafts, V), 1.0 / V, device=device),
             gumbel=torch.zeros(G, N + H, V, device=device) if coupled else None,
@@ -170,6 +180,8 @@ class JacobiState:
         self.length.fill_(prefix_len)
         self.done.fill_(1)
         self.held.fill_(-1)
+        if self.drawn_at is not None:
+            self.drawn_at.fill_(-1)
         self.iteration.zero_()
         self.last_p.copy_(first_p)
 
@@ -187,7 +199,8 @@ class JacobiState:
             cache=self.cache.select_rows(rows), key_valid=self.key_valid.index_select(0, rows),
             length=self.length.index_select(0, rows), done=pick(self.done), canvas=pick(self.canvas),
             per_cell=pick(self.per_cell), drafts=pick(self.drafts), q=pick(self.q), proposed=pick(self.proposed),
-            ahead=pick(self.ahead), held=pick(self.held), last_p=pick(self.last_p),
+            ahead=pick(self.ahead), held=pick(self.held), last_p=pick(self.last_p), drawn=pick(self.drawn),
+            drawn_at=pick(self.drawn_at),
             uniforms=pick(self.uniforms), iteration=pick(self.iteration), uniform_q=self.uniform_q, gumbel=pick(self.gumbel), neighbors=self.neighbors,
             histogram=pick(self.histogram), absorbed=self.absorbed, relaxed=self.relaxed)
 
@@ -224,16 +237,29 @@ def draw_jacobi_uniforms(state: JacobiState, shape: JacobiShape, generators: lis
 
 
 def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions: torch.Tensor,
-          uniforms: torch.Tensor) -> torch.Tensor:
-    """One token per row of probs (G, W, V): argmax when greedy, Gumbel-max with the positions' (G, W) noise
-    when coupled, else inverse-CDF sampling with the refill's uniforms (G, W) (row j uses uniform j)."""
+          uniforms: torch.Tensor, ring: torch.Tensor) -> torch.Tensor:
+    """One token per row of probs (G, D, V): argmax when greedy, Gumbel-max with the positions' (G, D) noise
+    when coupled, else inverse-CDF sampling with the refill's uniforms (G, D) (row j uses uniform j). With
+    continuation (SJD-PAC's adaptive continuation, as a maximal coupling) the position's current draft x, drawn
+    from a recorded law q, is kept with probability min(1, p(x) / q(x)) (the second half of `uniforms`) and
+    otherwise replaced by a draw from normalise(max(0, p - q)): either way the new draft is distributed as p."""
     if shape.sampling.greedy:
         return probs.argmax(-1)
     if state.gumbel is not None:
         index = positions.clamp(max=state.gumbel.shape[1] - 1)[..., None].expand(-1, -1, probs.shape[-1])
         return (probs.clamp(min=0).log() + state.gumbel.gather(1, index)).argmax(-1)
-    G, W, V = probs.shape
-    return sample_from_probs(probs.reshape(G * W, V), uniforms.reshape(-1)).view(G, W)
+    G, D, V = probs.shape
+    if state.drawn is None:
+        return sample_from_probs(probs.reshape(G * D, V), uniforms.reshape(-1)).view(G, D)
+    current = state.canvas.gather(1, positions)  # (G, D) each position's draft now
+    had = state.drawn_at.gather(1, ring) == positions  # (G, D) its law is recorded
+    law = state.drawn.gather(1, ring[..., None].expand(-1, -1, V))  # (G, D, V)
+    p_x = probs.gather(2, current[..., None])[..., 0]
+    q_x = law.gather(2, current[..., None])[..., 0]
+    keep = had & (uniforms[:, D:] * q_x < p_x)  # u < p(x) / q(x) without dividing
+    source = torch.where(had[..., None], normalise((probs - law).clamp(min=0), probs), probs)
+    fresh = sample_from_probs(source.reshape(G * D, V), uniforms[:, :D].reshape(-1)).view(G, D)
+    return torch.where(keep, current, fresh)
 
 
 def draft_offsets(shape: JacobiShape, device: torch.device) -> torch.Tensor:
@@ -290,9 +316,9 @@ def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor) -> No
     if init in DRAWN_INITS:
         fresh_q = state.uniform_q[None] if init == "random" else state.last_p[:, None].expand(-1, D, -1)
         q = torch.where(known[..., None], p_known, fresh_q)
-        tokens = _draw(shape, state, q, positions, uniforms)
+        tokens = _draw(shape, state, q, positions, uniforms, ring)
     else:  # repeat_left / repeat_above: copy an earlier token (re-drawn ones written first)
-        moved = _draw(shape, state, p_known, positions, uniforms)
+        moved = _draw(shape, state, p_known, positions, uniforms, ring)
         state.canvas.scatter_(1, positions, torch.where(known, moved, state.canvas.gather(1, positions)))
         fresh = torch.zeros_like(state.canvas, dtype=torch.bool).scatter_(1, positions, ~known)  # initialised now
         source = positions
@@ -306,6 +332,9 @@ def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor) -> No
         point = torch.zeros_like(p_known).scatter_(2, tokens[..., None], 1.0)  # point masses (one_hot would sync on CUDA)
         q = torch.where(known[..., None], p_known, point)
     state.canvas.scatter_(1, positions, tokens)
+    if state.drawn is not None:  # continuation: the law of each draft now in the canvas
+        state.drawn.scatter_(1, ring[..., None].expand(-1, -1, V), q.expand(G, D, V))
+        state.drawn_at.scatter_(1, ring, positions)
     state.drafts.copy_(tokens[:, :W])
     state.q.copy_(q[:, :W].expand(G, W, V))
     state.proposed.copy_(known[:, :W])
@@ -437,7 +466,7 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
     D = shape.drafts
     row = state.iteration.clamp(max=N - 1)[:, None, None].expand(-1, 1, shape.noise_width)  # (G, 1, D+W+1)
     uniforms = state.uniforms.gather(1, row)[:, 0]  # (G, D+W+1) this iteration's: drafts D, judge W+1
-    refill(ctx, state, uniforms[:, :D])
+    refill(ctx, state, uniforms[:, :shape.draft_noise])
     k = torch.arange(W + 1, device=done.device)
     cells = done[:, None] + k  # (G, W+1) the frontier's positions (emitted cells: <= a)
     if shape.far_starts:  # 2-D: the lower rows' windows ride in the same forward
@@ -454,11 +483,12 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
         logits = forward_window(model, state, feed, window)  # (rows, W+1, V)
         p_all = p = ctx.target(logits, cells.clamp(max=N))  # (G, W+1, V)
     width = (N - done).clamp(min=0, max=W)  # (G,) active drafts: never past the last image token
-    verdict = judge_run(p, state.q, state.drafts, uniforms[:, D:], width, shape.config, state.neighbors,
+    verdict = judge_run(p, state.q, state.drafts, uniforms[:, shape.draft_noise:], width, shape.config, state.neighbors,
                         state.proposed, shape.sampling.greedy)
     a = verdict.accepted
     count = a + 1  # (G,)
-    new = torch.where(k == a[:, None], verdict.token[:, None], torch.cat([state.drafts, state.drafts[:, -1:]], 1))
+    tail = state.canvas.gather(1, cells[:, W:])  # (G, 1) cell W keeps its own draft unless the bonus lands there
+    new = torch.where(k == a[:, None], verdict.token[:, None], torch.cat([state.drafts, tail], 1))
     state.canvas.scatter_(1, cells, new)
     state.per_cell.scatter_(1, cells, count.to(torch.int32)[:, None].expand(-1, W + 1))
     keep_predictions(shape, state, p_all, predicted, width)

@@ -60,11 +60,12 @@ def expected_tokens(histogram: list[int], window: int) -> float:
     return 1.0 + sum(min(a, window) * count for a, count in enumerate(histogram)) / total
 
 
-def choose_window(histogram: list[int], costs: CostCurve, max_window: int) -> WindowChoice:
-    """The window in 1..max_window with the most predicted tokens per second."""
+def choose_window(histogram: list[int], costs: CostCurve, max_window: int, extra: int = 0) -> WindowChoice:
+    """The window in 1..max_window with the most predicted tokens per second; every forward also carries
+    `extra` tokens (2-D drafting's lower-row windows)."""
     best, best_rate = 1, -1.0
     for window in range(1, max_window + 1):
-        rate = expected_tokens(histogram, window) / costs.verify(window + 1)
+        rate = expected_tokens(histogram, window) / costs.verify(window + 1 + extra)
         if rate > best_rate:
             best, best_rate = window, rate
     return WindowChoice(best, best_rate, 1.0 / costs.verify(1))

@@ -48,6 +48,7 @@ class JacobiWidgets:
     row_window: int = 4
     row_offset: int = -5
     row_causal: bool = False
+    continuation: bool = False  # sjd only: SJD-PAC's adaptive continuation
 
 
 def parse_custom_tree(text: str) -> TreeSpec:
@@ -106,7 +107,8 @@ def build_jacobi(mode: str, jacobi: JacobiWidgets, lantern_k: int, delta: float,
             raise ConfigError(name, f"an integer in {low}..{high}", value)
     return JacobiConfig(window=jacobi.window or "auto", coupled=mode != "sjd", init=jacobi.init,
                         relaxation=relaxation, grouping=grouping, rows=jacobi.rows, row_window=jacobi.row_window,
-                        row_offset=jacobi.row_offset, row_causal=bool(jacobi.row_causal))
+                        row_offset=jacobi.row_offset, row_causal=bool(jacobi.row_causal),
+                        continuation=bool(jacobi.continuation) and mode == "sjd")
 
 
 @dataclass(frozen=True)

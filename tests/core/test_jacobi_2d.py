@@ -51,6 +51,13 @@ CASES = {
                                                                          row_causal=True), NOCFG_TOPP, 2500),
     "coupled_3x3_cfg_random_init": Case("C", JacobiConfig(2, coupled=True, rows=2, row_window=3, row_offset=0),
                                         CFG2, 2000),
+    # continuation (SJD-PAC's adaptive continuation as a maximal coupling), 1-D and 2-D
+    "continuation_2x2_cfg_1d": Case("A", JacobiConfig(2, continuation=True, init="sample_left"), CFG2, 3000),
+    "continuation_3x3_topk2_2d": Case("C", JacobiConfig(1, continuation=True, init="sample_left", rows=3,
+                                                        row_window=2, row_offset=-1), TOPK2, 2500),
+    "continuation_3x3_nocfg_topp_repeat_above_2d": Case("C", JacobiConfig(2, continuation=True, init="repeat_above",
+                                                                          rows=2, row_window=2, row_offset=-1),
+                                                        NOCFG_TOPP, 2500),
 }
 
 
@@ -106,6 +113,22 @@ def test_accepting_a_lower_window_draft_before_the_frontier_tests_it_is_rejected
     case = CASES["sjd_2x2_cfg_row_causal_below"]
     wrong = Case(case.weights, JacobiConfig(1, rows=2, row_window=1, row_offset=-1, row_causal=True), case.sampling,
                  2500)
+    assert pooled_pvalue(law_for(wrong.weights, wrong.sampling), decode(wrong)) < FAIL
+
+
+def test_a_continuation_that_keeps_every_recorded_draft_is_rejected(monkeypatch):
+    """The wrong rule: a draft whose law is recorded is kept as it is (no min(1, p/q) test, no residual), yet
+    judged as a draw from the new prediction."""
+    real_draw = jacobi_step._draw
+
+    def keep_all(shape, state, probs, positions, uniforms, ring):  # the keep test's uniforms all 0: always kept
+        half = uniforms.shape[1] // 2
+        return real_draw(shape, state, probs, positions, torch.cat([uniforms[:, :half], 0 * uniforms[:, half:]], 1),
+                         ring)
+
+    monkeypatch.setattr(jacobi_step, "_draw", keep_all)
+    case = CASES["continuation_2x2_cfg_1d"]
+    wrong = Case(case.weights, case.config, case.sampling, 2500)
     assert pooled_pvalue(law_for(wrong.weights, wrong.sampling), decode(wrong)) < FAIL
 
 

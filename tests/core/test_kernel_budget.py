@@ -46,6 +46,7 @@ MODE_BUDGETS = {
     "sjd_relaxed lambda 5 w16": 130,
     "sjd_relaxed gsd w16": 128,
     "sjd w16 greedy": 80,
+    "sjd continuation w16": 135,
     "sjd_coupled 2-D w15 + next row w16": 130,
 }
 
