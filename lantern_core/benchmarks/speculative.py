@@ -63,7 +63,7 @@ def tree_label(tree: str) -> str:
     if "jacobi w" in tree:
         label = "window " + tree.split("jacobi w")[1].split(" ")[0]
         if ", 2-D: " in tree:  # "2 rows x w16 offset -1": the lower rows' windows
-            label += " + " + tree.split(", 2-D: ")[1].split(",")[0]
+            label += " + " + tree.split(", 2-D: ")[1].split(",")[0].split(" (")[0]
         return label
     return tree.split(" ")[0]
 
