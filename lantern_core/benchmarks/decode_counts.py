@@ -377,14 +377,15 @@ def markdown(report: dict) -> str:
         stray = ", ".join(f"{k} x{v}" for k, v in r["stray_factories"].items()) or "none"
         lines.append(f"| {r['what']} | {r['kernels']} | {r['beyond_forward']} | {_parts(r['parts'])} | "
                      f"{r['host_reads_in_step']} | {r['host_reads_per_iteration']} | {r['rng_kernels']} | "
-                     f"{r.get('rng_per_iteration', 0.0)} | {stray} |")
+                     f"{r['rng_per_iteration']} | {stray} |")
     lines += ["", "Per layer: the kernels inside the target's transformer blocks divided by their number. An AR "
               "step's 'sampling' part is CFG, filters and the draw. 'Host reads / iteration (loop)' counts every "
               "read the decode loop makes per iteration, the decoder's bookkeeping included; reads inside a step must "
               "be 0. 'Generator calls / iteration' counts the random-number kernels the loop launches per iteration "
               "outside the step: every mode draws its noise once per image up front except sampled static trees, "
               "whose drafter draws depth x siblings x vocabulary Exp(1) values per iteration (one call per drafted "
-              "level and image: too many values to hold for a whole image). Goals (issue 27): an AR step <= 24 kernels per layer eager and <= 12 compiled; a sampled 57-node "
+              "level and image: too many values to hold for a whole image). Goals (issue 27): an AR step <= 24 "
+              "kernels per layer eager and <= 12 compiled; a sampled 57-node "
               "static-tree iteration <= 250 kernels beyond its verification forward, a greedy one <= 120; at most one "
               "host read per iteration."]
     return "\n".join(lines) + "\n"

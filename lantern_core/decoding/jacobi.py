@@ -41,12 +41,12 @@ from ..errors import ConfigError
 from .ar_step import slots_for
 from .done_reader import DoneReader
 from .generate import GenerationResult, StepCallback, prefill, synchronize
-from .jacobi_step import (JacobiContext, JacobiShape, JacobiState, draw_jacobi_uniforms, jacobi_bands, jacobi_iteration,
+from .jacobi_step import (JacobiContext, JacobiShape, JacobiState, jacobi_bands, jacobi_iteration,
                           jacobi_window, judge_run)
 from .jacobi_window import WindowChoice, choose_window, target_costs
 from ..models.gpt import ImageTransformer
 from .relaxation import Grouping, Relaxation
-from .sampling import Generators, generator_for, sample_from_probs
+from .sampling import Generators, fill_per_image, generator_for, sample_from_probs
 from ..layout import extend_neighbors
 from .speculative import (BatchProgress, BatchRequest, BatchSink, NodeDistributions, RunTally, check_neighbors,
                           progress_tokens, record_images, retire_finished, weights_digest)
@@ -133,7 +133,8 @@ class JacobiConfig:
 
     def describe(self, window: int | str | None = None) -> str:
         """e.g. "coupled jacobi w12 (sample-left init), lantern k10 lambda 5"; `window` overrides "auto"."""
-        name = f"{'coupled ' if self.coupled else 'continued ' if self.continuation else ''}jacobi w{window or self.window} ({self.init.replace('_', '-')} init)"
+        kind = "coupled " if self.coupled else "continued " if self.continuation else ""
+        name = f"{kind}jacobi w{window or self.window} ({self.init.replace('_', '-')} init)"
         if self.rows > 1:
             name += (f", 2-D: {self.rows} rows x w{self.row_window} offset {self.column_offset:+d}"
                      f"{' row-causal' if self.row_causal else ''}")
@@ -248,7 +249,8 @@ def _decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchR
             for g, generator in enumerate(generators):
                 u = torch.rand(state.gumbel.shape[1:], generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
                 state.gumbel[g].copy_(-(-u.log()).log())
-        draw_jacobi_uniforms(state, shape, generators)
+        if not sampling.greedy:  # every iteration's uniforms, per image, before the first one
+            fill_per_image(state.uniforms, generators)
         progress_tokens(out, state.canvas, state.done)
         tally.prefill_s += time.perf_counter() - t0
         tally.batches += 1

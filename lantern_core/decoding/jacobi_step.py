@@ -1,28 +1,30 @@
-"""The static-shape Jacobi iteration (SJD, coupled SJD, relaxed Jacobi): refill the draft window, verify it
-in one target forward, judge the leading run, emit, with every value that changes between iterations held
-in device tensors.
+"""The static-shape Jacobi iteration (SJD, coupled SJD, relaxed Jacobi, 2-D drafting): refill the draft
+windows, verify them in one target forward, judge the frontier's leading run, emit, with every value that
+changes between iterations held in device tensors.
 
 One iteration = the Jacobi update of the kept predictions plus the initialisation of the positions entering
-the window (`refill`), one forward over the last emitted token and the W drafts, the acceptance tests of every
+a window (`refill`), one forward over the last emitted token and the W drafts, the acceptance tests of every
 position at once and the leading run (`judge_run`), and the emission of the accepted drafts plus one token.
 2-D drafting (`JacobiConfig.rows` > 1) adds, in the same forward, a window on each of the next image rows at
 fixed offsets past the frontier: its queries read the tokens before their positions (raster-causal, or
 row-causal: the committed tokens and their own window) and only propose. `keep_predictions` keeps the newest
-prediction of every position up to the horizon, shifted as the frontier advances, so a position the frontier
-reaches is re-drawn from what a lower window last predicted for it; acceptance stays the frontier's exact rule
-on the law each draft was drawn from. With one row this is 1-D Jacobi, draw for draw. Near the end of the image the active width w = min(W, N - done) is a
-device value: drafts past it are never accepted, so the shapes stay those of `JacobiShape`. Randomness is
-drawn once per image before its first iteration (`draw_jacobi_uniforms`, outside any captured region): a
-table with one row of uniforms per iteration an image can take (each advances at least one token), which the
-iteration picks by the image's own iteration counter, so no iteration launches a generator call and none of
-the draws depends on a verdict the host would have to read. Every tensor carries the G images of a batch: each image has its own window position, drafts,
-width and verdict, and advances on its own in the static KV cache; an image that is done keeps running
-(static shapes) with its length frozen and nothing kept or counted. The decode loop, prefill, window
-choice and the rules' documentation live in `jacobi.py`.
+prediction of every position ahead in a ring (position mod horizon), so a position the frontier reaches is
+re-drawn from what a lower window last predicted for it; acceptance stays the frontier's exact rule on the law
+each draft was drawn from. With one row this is 1-D Jacobi, draw for draw. Near the end of the image the
+active width w = min(W, N - done) is a device value: drafts past it are never accepted, so the shapes stay
+those of `JacobiShape`. Randomness is drawn once per image before its first iteration
+(`sampling.fill_per_image`, outside any captured region): a table with one row of uniforms per iteration an
+image can take (each advances at least one token), picked by the image's own iteration counter, so no
+iteration launches a generator call and no draw depends on a verdict the host would have to read. Every
+tensor carries the G images of a batch: each image has its own window position, drafts, width and verdict,
+and advances on its own in the static KV cache; an image that is done keeps running (static shapes) with its
+length frozen and nothing kept or counted. The decode loop, prefill, window choice and the rules'
+documentation live in `jacobi.py`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -56,7 +58,7 @@ class JacobiShape:
     def window(self) -> int:
         return self.config.window
 
-    @property
+    @cached_property
     def far_starts(self) -> tuple[int, ...]:
         """Offsets past the frontier where the lower rows' windows start (empty for 1-D Jacobi)."""
         return self.config.far_starts(self.window, self.stride) if self.config.rows > 1 else ()
@@ -200,8 +202,8 @@ class JacobiState:
             length=self.length.index_select(0, rows), done=pick(self.done), canvas=pick(self.canvas),
             per_cell=pick(self.per_cell), drafts=pick(self.drafts), q=pick(self.q), proposed=pick(self.proposed),
             ahead=pick(self.ahead), held=pick(self.held), last_p=pick(self.last_p), drawn=pick(self.drawn),
-            drawn_at=pick(self.drawn_at),
-            uniforms=pick(self.uniforms), iteration=pick(self.iteration), uniform_q=self.uniform_q, gumbel=pick(self.gumbel), neighbors=self.neighbors,
+            drawn_at=pick(self.drawn_at), uniforms=pick(self.uniforms), iteration=pick(self.iteration),
+            uniform_q=self.uniform_q, gumbel=pick(self.gumbel), neighbors=self.neighbors,
             histogram=pick(self.histogram), absorbed=self.absorbed, relaxed=self.relaxed)
 
     def release(self) -> None:
@@ -224,16 +226,6 @@ class JacobiContext:
         if self.shape.sampling.greedy:
             return self.dist.combine(logits, index).softmax(-1)
         return self.dist(logits, index)
-
-
-def draw_jacobi_uniforms(state: JacobiState, shape: JacobiShape, generators: list[torch.Generator | None]) -> None:
-    """Before an image's first iteration: its whole table of iteration uniforms (N rows of 2W + 1), image g
-    from `generators[g]` (so image g of a batch draws what a single run of it draws). Greedy runs draw
-    nothing. Runs eagerly, outside capture."""
-    if shape.sampling.greedy:
-        return
-    for g, generator in enumerate(generators):
-        state.uniforms[g].uniform_(0.0, 1.0, generator=generator)
 
 
 def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions: torch.Tensor,
@@ -265,19 +257,24 @@ def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions
 def draft_offsets(shape: JacobiShape, device: torch.device) -> torch.Tensor:
     """(drafts,) offsets past the frontier of every draft: the frontier's 0 .. W-1, then each lower-row
     window's, row by row."""
-    frontier = torch.arange(shape.window, device=device)
-    if not shape.far_starts:
-        return frontier
-    return torch.cat([frontier, _far_positions(shape, device, 0)])
+    return _offsets(shape, device, shape.window)
 
 
 def query_offsets(shape: JacobiShape, device: torch.device) -> torch.Tensor:
     """(queries,) the offset each query predicts: query i reads the token at offset i - 1 (the frontier's
-    first reads the last emitted token) and predicts offset i."""
-    frontier = torch.arange(shape.window + 1, device=device)
+    first reads the last emitted token) and predicts offset i; the frontier's W + 1, then the lower windows'."""
+    return _offsets(shape, device, shape.window + 1)
+
+
+def _offsets(shape: JacobiShape, device: torch.device, frontier: int) -> torch.Tensor:
+    """0 .. frontier - 1, then offset j x (row stride + row_offset) + c of every lower window j, column c."""
+    ahead = torch.arange(frontier, device=device)
     if not shape.far_starts:
-        return frontier
-    return torch.cat([frontier, _far_positions(shape, device, 0)])
+        return ahead
+    step = shape.stride + shape.config.column_offset
+    rows = torch.arange(1, len(shape.far_starts) + 1, device=device)
+    cols = torch.arange(shape.config.row_window, device=device)
+    return torch.cat([ahead, (rows[:, None] * step + cols[None]).reshape(-1)])  # (R-1, w) -> flat
 
 
 def query_blocks(shape: JacobiShape, device: torch.device) -> torch.Tensor:
@@ -289,13 +286,6 @@ def query_blocks(shape: JacobiShape, device: torch.device) -> torch.Tensor:
     rows = torch.arange(1, len(shape.far_starts) + 1, device=device)
     far = rows[:, None].expand(-1, shape.config.row_window).reshape(-1)  # (R-1) x w -> flat
     return torch.cat([frontier, far])
-
-
-def _far_positions(shape: JacobiShape, device: torch.device, shift: int) -> torch.Tensor:
-    step = shape.stride + shape.config.column_offset
-    rows = torch.arange(1, len(shape.far_starts) + 1, device=device)
-    cols = torch.arange(shape.config.row_window, device=device)
-    return (rows[:, None] * step + cols[None] + shift).reshape(-1)  # (R-1, w) -> flat
 
 
 def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor) -> None:

@@ -52,6 +52,13 @@ def draw_uniforms(generator: Generators, batch: int, device: torch.device) -> to
     return torch.cat([torch.rand(1, generator=g, device=device) for g in generator])
 
 
+def fill_per_image(table: torch.Tensor, generators: Sequence[torch.Generator | None]) -> None:
+    """Fill table[g] (a per-image table of uniforms drawn before decoding starts) from `generators[g]`, so image
+    g of a batch draws what a single run of it draws."""
+    for g, generator in enumerate(generators):
+        table[g].uniform_(0.0, 1.0, generator=generator)
+
+
 def generator_for(generator: Generators, i: int) -> torch.Generator | None:
     """The generator of sample i: the shared one, or the i-th of a per-sample list."""
     if generator is None or isinstance(generator, torch.Generator):

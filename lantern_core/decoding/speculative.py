@@ -38,11 +38,11 @@ from .generate import GenerationResult, GenerationStats, StepCallback, generate,
 from ..models.drafter import EagleDrafter
 from ..models.gpt import ImageTransformer
 from .relaxation import Relaxation
-from .sampling import Generators, filter_logits, generator_for, make_generators, pick_tokens
+from .sampling import Generators, fill_per_image, filter_logits, generator_for, make_generators, pick_tokens
 from .step_graphs import RunLayout, StepRunner, layout_for, runner
 from .tree import NAIVE_EXTEND_57, TreeSpec
 from .tree_select import CostCurve, choose_subtree, measure_costs, node_rates, tree_rate
-from .tree_step import TreeContext, TreeShape, TreeState, band_windows, draw_iteration_noise, draw_walk_uniforms, tree_iteration, tree_windows
+from .tree_step import TreeContext, TreeShape, TreeState, band_windows, draw_iteration_noise, tree_iteration, tree_windows
 
 log = logging.getLogger("lantern_core.speculative")
 
@@ -616,7 +616,8 @@ def _decode_batch(model: ImageTransformer, drafter: EagleDrafter, spec: Speculat
         first = pick_tokens(dist.combine(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long, device=device))[:, 0],
                             sampling, generators)  # (G,)
         state.start_image(T, first)
-        draw_walk_uniforms(state, generators, sampling.greedy)
+        if not sampling.greedy:  # every iteration's walk uniforms, per image, before the first one
+            fill_per_image(state.uniforms, generators)
         state.session.reset(0)
         fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first, rows, T)
         features = drafter_features(model, prefix.embeddings, prefix.key_valid, hidden, drafter.config.prefix_states)

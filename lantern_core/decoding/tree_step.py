@@ -11,7 +11,7 @@ never reads the host and never branches on a tensor value, so one call runs eage
 `torch.compile(fullgraph=True)` or replayed from a CUDA graph (`step_graphs.py`). Accepted paths have a
 fixed size (depth + 1, padded past the accepted count): the padded tail is written where the next
 iteration overwrites it. Randomness is drawn outside any captured region: the walk's uniforms once per image
-before its first iteration (`draw_walk_uniforms`: one row per iteration the image can take, picked inside the
+before its first iteration (`sampling.fill_per_image`: one row per iteration the image can take, picked inside the
 iteration by the image's own counter), and a sampled static tree's Exp(1) draws before each iteration
 (`draw_iteration_noise`: depth x siblings x vocabulary values per iteration, too many to hold for a whole
 image), so the same seed gives the same tokens eagerly and captured, and image g draws what a single run of it
@@ -246,15 +246,6 @@ def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length:
         walk = walk_tree(target, tree.children, tree.tokens, tree.depth, uniforms, tree.log_q, greedy,
                          spec.relaxation, neighbors, tree.widths)
     return Verification(walk, hidden)
-
-
-def draw_walk_uniforms(state: TreeState, generators: list[torch.Generator | None], greedy: bool) -> None:
-    """Before the first iteration: every iteration's walk uniforms of image g from `generators[g]` (greedy walks
-    use none). Runs eagerly, outside capture."""
-    if greedy:
-        return
-    for g, generator in enumerate(generators):
-        state.uniforms[g].uniform_(0.0, 1.0, generator=generator)
 
 
 def draw_iteration_noise(state: TreeState, generators: list[torch.Generator | None],
