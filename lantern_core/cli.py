@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--row-causal", action="store_true",
                    help="sjd modes with --rows > 1: lower windows see only the committed tokens and their own window "
                         "(Parallel Jacobi Decoding's mask) instead of every earlier draft")
+    g.add_argument("--row-lead", type=int, default=0,
+                   help="sjd_2d_relaxed: a row commits column c only once the row above holds column c + row-lead "
+                        "(0: Parallel Jacobi Decoding's rule; larger waits for more context)")
     g.add_argument("--recalibrate", action="store_true",
                    help="measure the auto window again (choices are kept in the user cache folder, "
                         "~/.cache/lantern/auto_choices.json, and reused while the machine, model and settings match)")
@@ -127,7 +130,7 @@ def cli_settings(args: argparse.Namespace) -> ModeSettings:
                         args.lam, DynamicShape(args.eagle_depth, args.eagle_top_k, args.eagle_nodes),
                         JacobiWidgets(parse_window(args.window), args.init, args.sjd_relaxation, args.gsd_gap,
                                       args.rows, args.row_window, args.row_offset, args.row_causal,
-                                      args.continuation))
+                                      args.continuation, args.row_lead))
 
 
 @dataclass

@@ -100,14 +100,22 @@ class LanternDecodingConfig(io.ComfyNode):
                                      "Jacobi). 2 or more: also a window on each of the next image rows, drafted in "
                                      "the same forward pass; when the frontier reaches those positions it starts "
                                      "from their drafts. Lossless for sjd and sjd_coupled: only the frontier "
-                                     "accepts, by the exact rule."),
+                                     "accepts, by the exact rule. sjd_2d_relaxed: rows decoded at once, each "
+                                     "committing its own tokens (1 = the mode's default, 6)."),
                 io.Int.Input("jacobi_row_window", default=4, min=1, max=64,
-                             tooltip="sjd modes with jacobi_rows > 1: drafts per lower-row window."),
+                             tooltip="sjd modes with jacobi_rows > 1, and sjd_2d_relaxed: drafts per lower-row "
+                                     "window."),
                 io.Int.Input("jacobi_row_offset", default=-5, min=-64, max=64,
                              tooltip="sjd modes with jacobi_rows > 1: where each lower row's window starts, in "
                                      "columns from the column below the frontier (negative: to its left, where "
                                      "the tokens above are already decoded). The window must start past the "
                                      "frontier's drafts; the error says what to change if not."),
+                io.Boolean.Input("jacobi_continuation", default=False,
+                                 tooltip="sjd: SJD-PAC's adaptive continuation. A re-drafted position keeps its "
+                                         "current draft with probability min(1, p/q), else draws from the residual "
+                                         "max(0, p - q): drafts settle faster and the output stays exactly AR's "
+                                         "(lossless). On the embedded model it lifts sjd from about 2.3 to 3.2 "
+                                         "accepted tokens per forward."),
             ],
             outputs=[LanternDecodingType.Output(display_name="decoding", tooltip="Feed into Lantern: Sampler.")],
         )
@@ -117,11 +125,12 @@ class LanternDecodingConfig(io.ComfyNode):
                 lam: float, eagle_depth: int, eagle_top_k: int, eagle_nodes: int, jacobi_window: int = 0,
                 jacobi_init: str = "sample_left", sjd_relaxation: str = "lantern_pp", gsd_gap: float = 0.15,
                 compile: str = "auto", jacobi_rows: int = 1, jacobi_row_window: int = 4,
-                jacobi_row_offset: int = -5, drafter=None) -> io.NodeOutput:
+                jacobi_row_offset: int = -5, jacobi_continuation: bool = False, drafter=None) -> io.NodeOutput:
         check_choice("compile", compile, COMPILE_CHOICES)
         settings = ModeSettings(mode, tree, chain_length, custom_tree, lantern_k, delta, lam,
                                 DynamicShape(eagle_depth, eagle_top_k, eagle_nodes),
                                 JacobiWidgets(jacobi_window, jacobi_init, sjd_relaxation, gsd_gap, jacobi_rows,
-                                              jacobi_row_window, jacobi_row_offset))
+                                              jacobi_row_window, jacobi_row_offset,
+                                              continuation=bool(jacobi_continuation)))
         decoding = build_decoding(settings, drafter)
         return io.NodeOutput(replace(decoding, compile=compile))

@@ -64,6 +64,8 @@ def tree_label(tree: str) -> str:
         label = "window " + tree.split("jacobi w")[1].split(" ")[0]
         if ", 2-D: " in tree:  # "2 rows x w16 offset -1": the lower rows' windows
             label += " + " + tree.split(", 2-D: ")[1].split(",")[0].split(" (")[0]
+        if ", relaxed 2-D (lossy): " in tree:  # "6 rows x w6 lead 0": rows committing at their own fronts
+            label += " + " + tree.split(", relaxed 2-D (lossy): ")[1].split(",")[0].split(" (")[0]
         return label
     return tree.split(" ")[0]
 
@@ -82,6 +84,9 @@ def methods(lantern_k: int = 1000, pp_k: int = 10) -> list[Method]:
     rows += [Method("sjd", JacobiConfig("auto", init="sample_left")), Method("sjd_coupled", JacobiConfig("auto", **coupled)),
              Method("sjd_coupled 2-D (next row)", JacobiConfig("auto", **coupled, rows=2, row_window=16, row_offset=-1)),
              Method("sjd 2-D (next row)", JacobiConfig("auto", init="sample_left", rows=2, row_window=16, row_offset=-1)),
+             Method("sjd continuation", JacobiConfig("auto", init="sample_left", continuation=True)),
+             Method("sjd continuation 2-D (next row)", JacobiConfig("auto", init="sample_left", continuation=True,
+                                                                    rows=2, row_window=16, row_offset=-1)),
              Method("sjd_coupled random init", JacobiConfig("auto", coupled=True, init="random")),
              Method("sjd_coupled repeat_above", JacobiConfig("auto", coupled=True, init="repeat_above"))]
     rows += [Method(f"sjd_relaxed lambda={lam:g} k={pp_k}", JacobiConfig("auto", **coupled, relaxation=Relaxation(k=pp_k, lam=lam)))
@@ -89,6 +94,12 @@ def methods(lantern_k: int = 1000, pp_k: int = 10) -> list[Method]:
     rows += [Method(f"sjd_relaxed delta={d} k={k}", JacobiConfig("auto", **coupled, relaxation=Relaxation(k=k, delta=d)))
              for d, k in ((0.1, 8), (0.2, 16), (0.1, lantern_k))]
     rows.append(Method("sjd_relaxed gsd k=64 gap=0.15", JacobiConfig("auto", **coupled, grouping=Grouping(k=64, gap=0.15))))
+    relaxed_2d = dict(**coupled, rows=6, row_window=6, row_commit=True, row_lead=0)  # lossy: rows commit early
+    rows += [Method("sjd_2d_relaxed", JacobiConfig("auto", **relaxed_2d)),
+             Method("sjd_2d_relaxed row-causal", JacobiConfig("auto", **relaxed_2d, row_causal=True)),
+             Method("sjd_2d_relaxed 4 rows lead 1", JacobiConfig("auto", **{**relaxed_2d, "rows": 4, "row_lead": 1})),
+             Method(f"sjd_2d_relaxed lambda=5 k={pp_k}",
+                    JacobiConfig("auto", **relaxed_2d, relaxation=Relaxation(k=pp_k, lam=5.0)))]
     return rows
 
 
@@ -224,8 +235,9 @@ def markdown(report: dict) -> str:
                      f"{r['mean_accepted_length']:.2f} | {r['s_per_image']:.3f} | {r['speedup_vs_ar']:.2f}x | "
                      f"{r['classifier_accuracy']:.3f} | {r['frechet_vs_real']:.3f} | {r['token_tvd_vs_ar']:.3f} |")
     lines += ["", "The `ar (other seeds)` row is the noise floor: two AR sample sets differ this much by chance "
-                  "alone. Exact modes (eagle2, static_tree, sjd, sjd_coupled) sample the AR distribution, so their quality columns "
-                  "should sit within that noise.", "",
+                  "alone. Exact modes (eagle2, static_tree, sjd, sjd_coupled, sjd continuation, the 2-D (next row) rows) "
+                  "sample the AR distribution, so their quality columns should sit within that noise; the relaxed and "
+                  "sjd_2d_relaxed rows are lossy and are measured against it.", "",
               "## Forward-cost curve (what `auto` plans with)", "",
               "| tree tokens verified | ms per verification | vs 1 token |", "|---|---|---|"]
     base = report["cost_curve"]["verify_ms"][0][1]
@@ -256,7 +268,8 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_flush_denormal(False)
     report.update(machine_info(device), model=EMBEDDED_NAME, dtype=args.dtype, images=args.images,
                   sampling=asdict(sampling))
-    write_report(args.out, f"speculative_{device.type}_{args.dtype}", report, markdown(report))
+    subset = "".join(f"_{prefix}" for prefix in args.only)  # a subset run keeps the full table's file apart
+    write_report(args.out, f"speculative{subset}_{device.type}_{args.dtype}", report, markdown(report))
     return report
 
 

@@ -76,6 +76,9 @@ class JacobiConfig:
     # probability min(1, p / q) (else a residual draw), a maximal coupling; uncoupled drafts only
     row_causal: bool = False  # lower windows see the committed tokens and their own window only (PJD's mask);
     # else every earlier token the forward holds (the frontier's drafts and the windows above), in raster order
+    row_commit: bool = False  # relaxed 2-D (Parallel-Jacobi style, lossy): each lower row keeps its own front,
+    # judges its window there against what it sees and commits its accepted drafts before the frontier arrives
+    row_lead: int = 1  # with row_commit: a lower row commits column c only once the row above holds c + row_lead
 
     def __post_init__(self) -> None:
         if self.window != "auto" and (isinstance(self.window, bool) or not isinstance(self.window, int)
@@ -91,6 +94,11 @@ class JacobiConfig:
         if self.row_offset is not None and (isinstance(self.row_offset, bool) or not isinstance(self.row_offset, int)):
             raise ConfigError("jacobi row_offset", "an integer (columns; negative = left of the frontier's)",
                               self.row_offset)
+        if isinstance(self.row_lead, bool) or not isinstance(self.row_lead, int) or not 0 <= self.row_lead <= 64:
+            raise ConfigError("jacobi row_lead", "an integer in 0..64 (columns the row above stays ahead)", self.row_lead)
+        if self.row_commit and self.rows < 2:
+            raise ConfigError("jacobi row_commit", "rows >= 2 (lower rows to commit)", {"rows": self.rows},
+                              "open at least one lower row, or turn row_commit off")
         if self.continuation and self.coupled:
             raise ConfigError("jacobi continuation", "uncoupled drafts (continuation is itself a coupling)",
                               {"continuation": True, "coupled": True}, "use sjd with continuation, or sjd_coupled")
@@ -123,6 +131,8 @@ class JacobiConfig:
         the offset where the first of them starts."""
         if self.rows == 1:
             return self.max_window
+        if self.row_commit:  # the frontier's window stays inside its row
+            return max(1, min(self.max_window, stride - 1))
         return max(1, min(self.max_window, stride + self.column_offset))
 
     @property
@@ -135,7 +145,10 @@ class JacobiConfig:
         """e.g. "coupled jacobi w12 (sample-left init), lantern k10 lambda 5"; `window` overrides "auto"."""
         kind = "coupled " if self.coupled else "continued " if self.continuation else ""
         name = f"{kind}jacobi w{window or self.window} ({self.init.replace('_', '-')} init)"
-        if self.rows > 1:
+        if self.rows > 1 and self.row_commit:
+            name += (f", relaxed 2-D (lossy): {self.rows} rows x w{self.row_window} lead {self.row_lead}"
+                     f"{' row-causal' if self.row_causal else ''}")
+        elif self.rows > 1:
             name += (f", 2-D: {self.rows} rows x w{self.row_window} offset {self.column_offset:+d}"
                      f"{' row-causal' if self.row_causal else ''}")
         if self.relaxation is not None:
@@ -229,7 +242,7 @@ def _decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchR
     device = prefix.embeddings.device
     layout = layout_for(request.compile, device)
     shape = JacobiShape(rows, 0, N, sampling, config, model.config.row_stride)
-    shape = replace(shape, slots=slots_for(T, N + shape.queries, layout.slot_bucket))
+    shape = replace(shape, slots=slots_for(T, N + shape.extent + int(shape.row_commit), layout.slot_bucket))  # + trash
     G = shape.images
     step_runner = jacobi_runner(model, shape, dist, neighbors, layout)
     state: JacobiState = step_runner.buffers

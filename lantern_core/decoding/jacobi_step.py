@@ -34,6 +34,7 @@ from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import KVCache, attention_mask
 from .acceptance import absorbed_set, normalise
 from .drafting import per_row, rows_of
+from .jacobi_rows import RowLanes, raster_mask, row_lanes
 from .relaxation import group_mass, relax
 from .sampling import sample_from_probs
 from .step_graphs import SLOT_BUCKET, band_starts, band_window
@@ -61,24 +62,43 @@ class JacobiShape:
     @cached_property
     def far_starts(self) -> tuple[int, ...]:
         """Offsets past the frontier where the lower rows' windows start (empty for 1-D Jacobi)."""
-        return self.config.far_starts(self.window, self.stride) if self.config.rows > 1 else ()
+        if self.config.rows == 1 or self.config.row_commit:  # row fronts move on their own (`jacobi_rows.py`)
+            return ()
+        return self.config.far_starts(self.window, self.stride)
+
+    @property
+    def lower(self) -> int:
+        """Lower-row windows per image (rows - 1)."""
+        return self.config.rows - 1
+
+    @property
+    def row_commit(self) -> bool:
+        return self.config.row_commit and self.lower > 0
 
     @property
     def drafts(self) -> int:
         """Drafts per image per iteration: the frontier's W and every lower-row window's."""
-        return self.window + len(self.far_starts) * self.config.row_window
+        return self.window + self.lower * self.config.row_window
 
     @property
     def queries(self) -> int:
         """Tokens one forward feeds per image: the last emitted token, the W frontier drafts, and each lower
         window's left neighbour and its drafts but the last (a query predicts the next position)."""
-        return self.window + 1 + len(self.far_starts) * self.config.row_window
+        return self.window + 1 + self.lower * self.config.row_window
 
     @property
     def horizon(self) -> int:
         """Positions past the frontier whose latest prediction is kept (offsets 0 .. horizon - 1)."""
+        if self.row_commit:  # a lower lane predicts at most rows x stride - 1 past the frontier
+            return max(self.window + 1, self.config.rows * self.stride)
         far = [start + self.config.row_window for start in self.far_starts]
         return max([self.window + 1, *far])
+
+    @property
+    def extent(self) -> int:
+        """Cache slots one forward writes past the committed length: its queries' (contiguous), or with
+        `row_commit` up to the furthest raster slot a lower lane writes."""
+        return self.horizon + 1 if self.row_commit else self.queries
 
     @property
     def draft_noise(self) -> int:
@@ -88,8 +108,10 @@ class JacobiShape:
 
     @property
     def noise_width(self) -> int:
-        """Uniforms one iteration consumes: the refill's, then the judge's W + 1."""
-        return self.draft_noise + self.window + 1
+        """Uniforms one iteration consumes: the refill's, the judge's W + 1, then with `row_commit` one per
+        lower-row draft (its acceptance test)."""
+        lower = self.lower * self.config.row_window if self.row_commit else 0
+        return self.draft_noise + self.window + 1 + lower
 
     @property
     def images(self) -> int:
@@ -101,7 +123,7 @@ def jacobi_window(length: int, shape: JacobiShape, exact: bool, whole: bool = Fa
     """(band start, keys) for the forward at committed `length`: exactly length + W + 1 keys (devices that never
     capture), the whole cache (`whole`: one variant for an Inductor-compiled iteration), or rounded so one value
     serves every length of a `SLOT_BUCKET`-wide band; the start is where a capture of that band warms up."""
-    extent = shape.queries
+    extent = shape.extent
     if exact:
         return length, length + extent
     if whole:
@@ -112,6 +134,36 @@ def jacobi_window(length: int, shape: JacobiShape, exact: bool, whole: bool = Fa
 def jacobi_bands(shape: JacobiShape) -> list[tuple[int, int]]:
     """Every bucketed variant a cache of `shape.slots` slots can use (one captured graph each)."""
     return [jacobi_window(start, shape, exact=False) for start in band_starts(shape.slots - shape.queries)]
+
+
+@dataclass
+class RowState:
+    """What `row_commit` adds to a Jacobi state: which cells are committed, the lower drafts' laws, and which
+    lower-row keys hold a committed token."""
+
+    fixed: torch.Tensor  # (G, padded) bool committed cells (the frontier's emitted ones and the lower rows')
+    q: torch.Tensor  # (G, (R-1) w, V) the law each lower draft was drawn from
+    proposed: torch.Tensor  # (G, (R-1) w) bool drawn from the model's own prediction (relaxable)
+    ahead_ok: torch.Tensor  # (rows, slots) bool keys past the frontier that hold a committed token
+    commits: torch.Tensor  # (R-1,) long tokens committed by each lower window (run total)
+
+    @classmethod
+    def allocate(cls, shape: JacobiShape, vocab: int, padded: int, device: torch.device) -> "RowState":
+        G, D = shape.images, shape.lower * shape.config.row_window
+        return cls(fixed=torch.zeros(G, padded, dtype=torch.bool, device=device),
+                   q=torch.full((G, D, vocab), 1.0 / vocab, device=device),
+                   proposed=torch.zeros(G, D, dtype=torch.bool, device=device),
+                   ahead_ok=torch.zeros(shape.rows, shape.slots, dtype=torch.bool, device=device),
+                   commits=torch.zeros(shape.lower, dtype=torch.long, device=device))
+
+    def start_image(self) -> None:
+        self.fixed.zero_()
+        self.fixed[:, 0] = True  # the first token, drawn after the prefill
+        self.ahead_ok.zero_()
+
+    def select(self, keep: torch.Tensor, rows: torch.Tensor) -> "RowState":
+        return RowState(self.fixed.index_select(0, keep), self.q.index_select(0, keep),
+                        self.proposed.index_select(0, keep), self.ahead_ok.index_select(0, rows), self.commits)
 
 
 @dataclass
@@ -140,6 +192,7 @@ class JacobiState:
     histogram: torch.Tensor  # (G, W + 1) long iterations by drafts accepted, per image
     absorbed: torch.Tensor  # (2,) relaxed / grouped mass: sum and max over accepted drafts
     relaxed: torch.Tensor  # () long
+    rows: "RowState | None" = None  # row_commit only
     forwards_per_iteration: int = 0  # drafter forwards (none)
 
     @classmethod
@@ -147,9 +200,10 @@ class JacobiState:
         device = model.tok_embeddings.weight.device
         N, V, W, G = shape.image_tokens, model.config.vocab_size, shape.window, shape.images
         H = shape.horizon
+        shape.far_starts  # noqa: B018 -- cached here, never first inside a compiled iteration (its lock)
         long = dict(dtype=torch.long, device=device)
         coupled = shape.config.coupled and not shape.sampling.greedy
-        padded = N + 2 * H + 2
+        padded = N + 2 * H + 2 + shape.queries  # row_commit parks idle lanes' drafts past N + 2H
         return cls(
             cache=model.allocate_cache(shape.rows, shape.slots),
             key_valid=torch.ones(shape.rows, shape.slots, dtype=torch.bool, device=device),
@@ -167,11 +221,14 @@ class JacobiState:
             gumbel=torch.zeros(G, N + H, V, device=device) if coupled else None,
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),
             histogram=torch.zeros(G, W + 1, **long), absorbed=torch.zeros(2, device=device),
-            relaxed=torch.zeros((), **long))
+            relaxed=torch.zeros((), **long),
+            rows=RowState.allocate(shape, V, padded, device) if shape.row_commit else None)
 
     def reset_counters(self) -> None:
         for t in (self.histogram, self.absorbed, self.relaxed):
             t.zero_()
+        if self.rows is not None:
+            self.rows.commits.zero_()
 
     def start_image(self, prefix_len: int, first: torch.Tensor, first_p: torch.Tensor) -> None:
         """After the prefill and the first tokens `first` (G,): the first refill initialises all W positions (no
@@ -186,6 +243,8 @@ class JacobiState:
             self.drawn_at.fill_(-1)
         self.iteration.zero_()
         self.last_p.copy_(first_p)
+        if self.rows is not None:
+            self.rows.start_image()
 
     def reset_for_warmup(self, start: int) -> None:
         self.start_image(start, torch.zeros_like(self.done), self.last_p.clone())
@@ -204,7 +263,8 @@ class JacobiState:
             ahead=pick(self.ahead), held=pick(self.held), last_p=pick(self.last_p), drawn=pick(self.drawn),
             drawn_at=pick(self.drawn_at), uniforms=pick(self.uniforms), iteration=pick(self.iteration),
             uniform_q=self.uniform_q, gumbel=pick(self.gumbel), neighbors=self.neighbors,
-            histogram=pick(self.histogram), absorbed=self.absorbed, relaxed=self.relaxed)
+            histogram=pick(self.histogram), absorbed=self.absorbed, relaxed=self.relaxed,
+            rows=None if self.rows is None else self.rows.select(keep, rows))
 
     def release(self) -> None:
         self.cache.release()
@@ -281,26 +341,32 @@ def query_blocks(shape: JacobiShape, device: torch.device) -> torch.Tensor:
     """(queries,) the window each query belongs to: 0 for the frontier's, j for row j's; with `row_causal` a
     lower window's queries see the committed tokens and their own window only (they propose, nothing more)."""
     frontier = torch.zeros(shape.window + 1, dtype=torch.long, device=device)
-    if not shape.far_starts:
+    if not shape.lower:
         return frontier
-    rows = torch.arange(1, len(shape.far_starts) + 1, device=device)
+    rows = torch.arange(1, shape.lower + 1, device=device)
     far = rows[:, None].expand(-1, shape.config.row_window).reshape(-1)  # (R-1) x w -> flat
     return torch.cat([frontier, far])
 
 
-def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor) -> None:
-    """New drafts at every draft offset of every image (the frontier's W, then the lower rows' windows):
-    where a prediction for the position is kept (`known`: the last forward's, or an earlier lower window's)
-    the draft is re-drawn from it (the Jacobi update), elsewhere initialised per `config.init`. Row j of a
-    sampled draw uses uniforms[:, j] (G, drafts). The frontier's drafts and their laws go to `drafts`, `q` and
-    `proposed`; every draft to the canvas."""
+def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor, lanes: RowLanes | None = None) -> None:
+    """New drafts at every draft offset of every image (the frontier's W, then the lower rows' windows, at
+    fixed offsets or, with `lanes`, at the rows' own fronts): where a prediction for the position is kept
+    (`known`: the last forward's, or an earlier lower window's) the draft is re-drawn from it (the Jacobi
+    update), elsewhere initialised per `config.init`; a committed cell keeps its token. Row j of a sampled
+    draw uses uniforms[:, j] (G, drafts). The frontier's drafts and their laws go to `drafts`, `q` and
+    `proposed`, the row fronts' to `state.rows`; every draft to the canvas."""
     shape = ctx.shape
     W, init, grid = shape.window, shape.config.init, ctx.model.config.row_stride
     G, V = state.drafts.shape[0], state.ahead.shape[-1]
-    offsets = draft_offsets(shape, state.canvas.device)  # (D,)
-    D, H = offsets.shape[0], state.ahead.shape[1] - 1
-    positions = state.done[:, None] + offsets  # (G, D) absolute image positions
-    ring = positions % H  # (G, D) where a kept prediction for each position would be
+    H = state.ahead.shape[1] - 1
+    if lanes is None:
+        positions = state.done[:, None] + draft_offsets(shape, state.canvas.device)  # (G, D) image positions
+        ring = positions % H  # (G, D) where a kept prediction for each position would be
+    else:  # row fronts: idle lanes keep their predictions in the discard row H
+        positions = torch.cat([lanes.cells[:, :W], lanes.positions], 1)
+        inside = torch.arange(W, device=positions.device) < lanes.front_width[:, None]
+        ring = torch.cat([torch.where(inside, positions[:, :W] % H, H), torch.where(lanes.real, lanes.positions % H, H)], 1)
+    D = positions.shape[1]
     known = state.held.gather(1, ring) == positions  # (G, D)
     p_known = state.ahead.gather(1, ring[..., None].expand(-1, -1, V))  # (G, D, V) the kept prediction per draft
     if init in DRAWN_INITS:
@@ -321,6 +387,8 @@ def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor) -> No
         tokens = torch.where(known, moved, state.canvas.gather(1, source.clamp(min=0)))
         point = torch.zeros_like(p_known).scatter_(2, tokens[..., None], 1.0)  # point masses (one_hot would sync on CUDA)
         q = torch.where(known[..., None], p_known, point)
+    if state.rows is not None:  # committed cells keep their tokens (the frontier passes over them)
+        tokens = torch.where(state.rows.fixed.gather(1, positions), state.canvas.gather(1, positions), tokens)
     state.canvas.scatter_(1, positions, tokens)
     if state.drawn is not None:  # continuation: the law of each draft now in the canvas
         state.drawn.scatter_(1, ring[..., None].expand(-1, -1, V), q.expand(G, D, V))
@@ -328,20 +396,24 @@ def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor) -> No
     state.drafts.copy_(tokens[:, :W])
     state.q.copy_(q[:, :W].expand(G, W, V))
     state.proposed.copy_(known[:, :W])
+    if state.rows is not None:
+        state.rows.q.copy_(q[:, W:].expand(G, D - W, V))
+        state.rows.proposed.copy_(known[:, W:])
 
 
 def keep_predictions(shape: JacobiShape, state: JacobiState, p: torch.Tensor, positions: torch.Tensor,
-                     width: torch.Tensor) -> None:
+                     width: torch.Tensor, row: torch.Tensor | None = None) -> None:
     """Keep this forward's predictions, p (G, queries, V) row i predicting `positions`[:, i] (done +
     `query_offsets`[i]), each in its ring row, position mod horizon, so the newest prediction of a position
     replaces an older one. The forward's positions span less than a horizon, so no two share a row, and a
     row left holding a position the frontier has passed (the emitted ones among them) is never read again:
     `refill` reads a row only where it holds the very position it drafts. Predictions past the image are kept
     too (the drafts they feed are never judged and sit after every image position). The last frontier row's
-    (position done + `width`) becomes sample_left's law."""
+    (position done + `width`) becomes sample_left's law. `row` (G, Q) overrides the ring rows (row fronts
+    send their idle lanes to the discard row H)."""
     H, V = state.ahead.shape[1] - 1, state.ahead.shape[-1]
-    row = positions % H  # (G, Q)
-    if shape.far_starts and shape.far_starts[0] == shape.window:  # the frontier's last row and the first lower
+    row = positions % H if row is None else row  # (G, Q)
+    if row is None and shape.far_starts and shape.far_starts[0] == shape.window:  # the frontier's last row and the first lower
         # window's first both predict offset W: the lower window's prediction is kept, the other discarded
         row = torch.where(torch.arange(positions.shape[1], device=p.device) == shape.window, H, row)
     state.ahead.scatter_(1, row[..., None].expand(-1, -1, V), p)
@@ -363,13 +435,14 @@ class StaticVerdict:
 
 def judge_run(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, uniforms: torch.Tensor | None,
               width: torch.Tensor, config, neighbors: torch.Tensor | None, relaxable: torch.Tensor | None = None,
-              greedy: bool = False) -> StaticVerdict:
+              greedy: bool = False, forced: torch.Tensor | None = None, with_token: bool = True) -> StaticVerdict:
     """For G windows: p (G, W+1, V) target at each window position, q (G, W, V) the drafts' distributions,
     drafts (G, W), uniforms (G, >= width+1): the acceptance tests of every position at once, drafts past
     `width` ((G,) long) never accepted, then the leading run and the token after it: the residual
     max(0, p - q) at a rejection (with LANTERN's absorbed set carved out of q), p itself after the whole run.
     Relaxed / grouped rules apply where `relaxable` (G, W) is True (default everywhere); other positions are
-    judged exactly. No host read."""
+    judged exactly; `forced` (G, W) positions (already committed) pass. Without `with_token` (p then may hold
+    W rows) no token is drawn: `token` is the run itself. No host read."""
     G, W = drafts.shape
     V = p.shape[-1]
     device = p.device
@@ -396,8 +469,12 @@ def judge_run(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, uniforms: 
             draft = torch.where(relaxable, group.draft.view(G, W), draft)
             gain = target - exact_target
         ok = uniforms[:, :W] * draft < target  # u < target / draft without dividing (draft > 0 for a drawn token)
+    if forced is not None:
+        ok = ok | forced
     ok = ok & (cols < width[:, None])
     a = ok.long().cumprod(1).sum(1)  # (G,) the leading run
+    if not with_token:
+        return StaticVerdict(a, a, torch.where(cols < a[:, None], gain, torch.zeros_like(gain)))
     p_a = p.gather(1, a[:, None, None].expand(-1, 1, V))[:, 0]  # (G, V)
     if greedy:
         token = p_a.argmax(-1)
@@ -445,10 +522,23 @@ def forward_window(model: ImageTransformer, state, feed: torch.Tensor, window: i
     return model.logits(model(model.embed_tokens(inputs), step))
 
 
+def forward_at_slots(model: ImageTransformer, cache: KVCache, inputs: torch.Tensor, slots: torch.Tensor,
+                     mask: torch.Tensor, window: int, one_image: bool) -> torch.Tensor:
+    """Tokens (rows, n) written at cache `slots` (rows, n), each at the RoPE position of its slot, attending
+    over `window` slots through `mask` (rows, 1, n, window): logits (rows, n, V). `one_image`: every row is
+    the same image's (its CFG rows), so the rows share their slots and one index_copy per layer writes them."""
+    if one_image:
+        slots = slots[0]
+    step = ForwardStep(slots.clamp(max=model.rope_table.shape[0] - 1), cache, kv_len=window, mask=mask, slots=slots)
+    return model.logits(model(model.embed_tokens(inputs), step))
+
+
 def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> None:
     """Refill every image's drafts, verify [last token; drafts] of all images in one forward attending over
     `window` cache slots, judge and emit; images already done advance nothing. Shapes depend on `ctx.shape`
     and `window` only; nothing reads the host."""
+    if ctx.shape.row_commit:
+        return _row_front_iteration(ctx, state, window)
     shape, model = ctx.shape, ctx.model
     W, N = shape.window, shape.image_tokens
     done = state.done
@@ -488,5 +578,69 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
     state.iteration.add_(active.long())
     state.histogram.scatter_add_(1, a[:, None], active.long()[:, None])
     gain = verdict.gain * active[:, None]
+    state.absorbed.copy_(torch.stack([state.absorbed[0] + gain.sum(), torch.maximum(state.absorbed[1], gain.max())]))
+    state.relaxed.add_((gain > 0).sum())
+
+
+def _row_front_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> None:
+    """`jacobi_iteration` with `row_commit` (relaxed 2-D, `jacobi_rows.py`): the frontier's window as in 1-D
+    Jacobi (committed cells it reaches pass as forced drafts), plus a window at the front of each of the next
+    rows - 1 image rows, all in one forward with keys at raster slots. The frontier judges its run exactly;
+    each lower window judges its live lanes against the prediction it sees (no residual, no bonus token) and
+    commits its accepted leading run. Shapes depend on `ctx.shape` and `window` only; nothing reads the host."""
+    shape, model, rs = ctx.shape, ctx.model, state.rows
+    W, N, w, L = shape.window, shape.image_tokens, shape.config.row_window, shape.lower
+    done, rows = state.done, state.length.shape[0]
+    G, V = done.shape[0], state.ahead.shape[-1]
+    active = done < N
+    row = state.iteration.clamp(max=N - 1)[:, None, None].expand(-1, 1, shape.noise_width)
+    uniforms = state.uniforms.gather(1, row)[:, 0]  # (G, noise_width): drafts, frontier judge W + 1, lower judges
+    lanes = row_lanes(rs.fixed, done, shape)
+    refill(ctx, state, uniforms[:, :shape.draft_noise], lanes)
+    lower_drafts = state.canvas.gather(1, lanes.positions)  # (G, (R-1) w)
+    k = torch.arange(W + 1, device=done.device)
+    cells, inside = lanes.cells, k <= lanes.front_width[:, None]  # (G, W+1) the frontier's positions, real ones
+    predicted = torch.cat([cells, lanes.positions], 1)  # (G, Q) the position each query predicts
+    feed = state.canvas.gather(1, predicted - 1)  # (G, Q) each query reads the token before it
+    trash = rs.ahead_ok.shape[1] - 1
+    written = per_row(torch.cat([inside, lanes.real], 1), rows)  # (rows, Q)
+    base = state.length - per_row(done, rows)  # (rows,) the query predicting P reads the key at base + P
+    slots = torch.where(written, base[:, None] + per_row(predicted, rows), trash)  # raster slots, idle: trash
+    mask = raster_mask(state.key_valid, rs.ahead_ok, state.length, slots, written,
+                       query_blocks(shape, done.device), window, shape.config.row_causal)
+    p_all = ctx.target(forward_at_slots(model, state.cache, per_row(feed, rows), slots, mask, window, G == 1),
+                       predicted.clamp(max=N))
+    width = lanes.front_width
+    judged = shape.draft_noise + W + 1
+    verdict = judge_run(p_all[:, :W + 1], state.q, state.drafts, uniforms[:, shape.draft_noise:judged], width,
+                        shape.config, state.neighbors, state.proposed, shape.sampling.greedy,
+                        forced=rs.fixed.gather(1, cells[:, :W]))
+    low = judge_run(p_all[:, W + 1:].reshape(G * L, w, V), rs.q.view(G * L, w, V), lower_drafts.view(G * L, w),
+                    uniforms[:, judged:].reshape(G * L, w), lanes.width.view(-1), shape.config, state.neighbors,
+                    rs.proposed.view(G * L, w), shape.sampling.greedy, with_token=False)  # (G (R-1), w) windows
+    a, runs = verdict.accepted, low.accepted.view(G, L)
+    at = (done + a)[:, None]
+    token = torch.where(rs.fixed.gather(1, at), state.canvas.gather(1, at), verdict.token[:, None])[:, 0]
+    count = a + 1
+    tail = state.canvas.gather(1, cells[:, W:])
+    state.canvas.scatter_(1, cells, torch.where(k == a[:, None], token[:, None], torch.cat([state.drafts, tail], 1)))
+    was = rs.fixed.gather(1, cells)
+    state.per_cell.scatter_(1, cells, torch.where(was, state.per_cell.gather(1, cells), count.to(torch.int32)[:, None]))
+    rs.fixed.scatter_(1, cells, was | ((k <= a[:, None]) & active[:, None]))
+    commit = (torch.arange(w, device=done.device) < runs[..., None]).view(G, -1) & lanes.real  # (G, (R-1) w)
+    run_of = runs[..., None].expand(-1, -1, w).reshape(G, -1).to(torch.int32)
+    state.per_cell.scatter_(1, lanes.positions, torch.where(commit, run_of, state.per_cell.gather(1, lanes.positions)))
+    rs.fixed.scatter_(1, lanes.positions, rs.fixed.gather(1, lanes.positions) | commit)
+    settled = per_row(lanes.real & rs.fixed.gather(1, (lanes.positions - 1).clamp(min=0)), rows)  # committed keys
+    rs.ahead_ok.scatter_(1, slots[:, W + 1:], settled)
+    H = state.ahead.shape[1] - 1
+    ring = torch.cat([torch.where(inside, cells % H, H), torch.where(lanes.real, lanes.positions % H, H)], 1)
+    keep_predictions(shape, state, p_all, predicted, width, ring)
+    state.length.add_(per_row(torch.where(done + count < N, count, torch.zeros_like(count)), rows))
+    done.add_(torch.where(active, count, torch.zeros_like(count)))
+    state.iteration.add_(active.long())
+    state.histogram.scatter_add_(1, a[:, None], active.long()[:, None])
+    rs.commits.add_(runs.sum(0))
+    gain = torch.cat([verdict.gain * active[:, None], low.gain.view(G, -1)], 1)
     state.absorbed.copy_(torch.stack([state.absorbed[0] + gain.sum(), torch.maximum(state.absorbed[1], gain.max())]))
     state.relaxed.add_((gain > 0).sum())

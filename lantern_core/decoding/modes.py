@@ -27,8 +27,12 @@ MODES = {
                    "exact (lossless)",
     "sjd_relaxed": "relaxed Jacobi: coupled SJD with relaxed acceptance (sjd_relaxation: LANTERN delta, "
                    "LANTERN++ lambda or GSD groups); not lossless",
+    "sjd_2d_relaxed": "relaxed 2-D Jacobi (Parallel-Jacobi style): coupled draft windows on several image rows at "
+                      "once, each row committing its own accepted tokens before the frontier reaches them; the "
+                      "fastest mode without a drafter; not lossless",
 }
-JACOBI_MODES = ("sjd", "sjd_coupled", "sjd_relaxed")
+JACOBI_MODES = ("sjd", "sjd_coupled", "sjd_relaxed", "sjd_2d_relaxed")
+RELAXED_2D_ROWS = 6  # rows sjd_2d_relaxed opens when jacobi_rows is left at 1
 SJD_RELAXATIONS = ("lantern_pp", "lantern", "gsd")
 TREES = ["auto", *STATIC_TREES, "chain", "custom"]
 CUSTOM_TREE_MAX_NODES = 512  # as many as eagle_nodes allows
@@ -49,6 +53,7 @@ class JacobiWidgets:
     row_offset: int = -5
     row_causal: bool = False
     continuation: bool = False  # sjd only: SJD-PAC's adaptive continuation
+    row_lead: int = 0  # sjd_2d_relaxed: columns the row above stays ahead of a committing row
 
 
 def parse_custom_tree(text: str) -> TreeSpec:
@@ -102,9 +107,13 @@ def build_jacobi(mode: str, jacobi: JacobiWidgets, lantern_k: int, delta: float,
         else:
             grouping = Grouping(k=lantern_k, gap=jacobi.gsd_gap)
     for name, value, low, high in (("jacobi_rows", jacobi.rows, 1, 8), ("jacobi_row_window", jacobi.row_window, 1, 64),
-                                   ("jacobi_row_offset", jacobi.row_offset, -64, 64)):
+                                   ("jacobi_row_offset", jacobi.row_offset, -64, 64), ("row_lead", jacobi.row_lead, 0, 64)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ConfigError(name, f"an integer in {low}..{high}", value)
+    if mode == "sjd_2d_relaxed":  # lower rows commit at their own fronts; jacobi_rows 1 means the mode's default
+        return JacobiConfig(window=jacobi.window or "auto", coupled=True, init=jacobi.init,
+                            rows=jacobi.rows if jacobi.rows > 1 else RELAXED_2D_ROWS, row_window=jacobi.row_window,
+                            row_causal=bool(jacobi.row_causal), row_commit=True, row_lead=jacobi.row_lead)
     return JacobiConfig(window=jacobi.window or "auto", coupled=mode != "sjd", init=jacobi.init,
                         relaxation=relaxation, grouping=grouping, rows=jacobi.rows, row_window=jacobi.row_window,
                         row_offset=jacobi.row_offset, row_causal=bool(jacobi.row_causal),

@@ -24,6 +24,9 @@ def stats_payload(result: GenerationResult, mode: str, tree_label: str, drafter:
                        relaxed_tokens=s.relaxed_tokens, mean_tvd_spent=round(s.mean_absorbed, 5),
                        max_tvd_spent=round(s.max_absorbed, 5), batch_forwards=s.batch_forwards,
                        accepted_length_per_image=[p["mean_accepted_length"] for p in s.per_image])
+        if s.row_commits:  # relaxed 2-D: tokens the lower rows committed before the frontier (not lossless)
+            payload.update(row_commits=s.row_commits,
+                           row_committed_share=round(sum(s.row_commits) / max(s.batch * s.image_tokens, 1), 4))
     payload["heatmap_image"] = 0  # the heat map is image 0's (the first of the batch)
     return payload
 
@@ -38,6 +41,9 @@ def stats_text(payload: dict) -> str:
         text += f", tree {payload['tree']}, acceptance by depth [{depth}]"
         if payload.get("drafter_prefix_states") == "hf_port":
             text += ", drafter fed LANTERN's HF-port caption states"
+        if payload.get("row_commits"):
+            text += (f", {100 * payload['row_committed_share']:.0f}% of tokens committed by lower rows "
+                     f"(relaxed 2-D, not lossless; per row window {payload['row_commits']})")
         if payload["relaxed_tokens"]:
             text += f", TVD spent mean {payload['mean_tvd_spent']:.3f} max {payload['max_tvd_spent']:.3f}"
         if payload["batch"] > 1:

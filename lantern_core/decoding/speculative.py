@@ -96,6 +96,7 @@ class SpeculativeStats(GenerationStats):
     batch_forwards: int = 0  # target forwards run for the whole batch (prefill + verifications of all images at once)
     per_image: list[dict] = field(default_factory=list)  # per image: iterations, mean accepted length
     drafter_prefix_states: str = ""  # the drafter's prefix convention (`prefix_states.py`): native or hf_port
+    row_commits: list[int] = field(default_factory=list)  # relaxed 2-D: tokens each lower row window committed
 
     @property
     def mean_accepted_length(self) -> float:
@@ -115,6 +116,9 @@ class SpeculativeStats(GenerationStats):
         depth = " ".join(f"{a:.2f}" for a in self.acceptance_by_depth)
         text = (super().summary() + f"; {self.tree}; {self.iterations} verifications, acceptance by depth [{depth}], "
                 f"TVD spent mean {self.mean_absorbed:.3f} max {self.max_absorbed:.3f}")
+        if self.row_commits:
+            share = 100 * sum(self.row_commits) / max(self.batch * self.image_tokens, 1)
+            text += f"; {share:.0f}% of tokens committed by lower rows (relaxed 2-D, not lossless)"
         if self.batch > 1:
             lengths = " ".join(f"{p['mean_accepted_length']:.2f}" for p in self.per_image)
             text += f"; batch of {self.batch} in {self.batch_forwards} forwards, accepted length per image [{lengths}]"
@@ -305,6 +309,7 @@ class RunTally:
     batches: int = 0  # prefills
     prefill_s: float = 0.0
     cache_bytes: int = 0
+    row_commits: torch.Tensor | None = None  # relaxed 2-D: (R-1,) tokens committed per lower row window
 
     def __post_init__(self) -> None:
         self.absorbed_sum = torch.zeros((), device=self.device)
@@ -327,7 +332,8 @@ class RunTally:
             relaxed_tokens=int(self.relaxed), mean_absorbed=float(self.absorbed_sum) / max(accepted, 1),
             max_absorbed=float(self.absorbed_max),
             accepted_by_node=[] if self.by_node is None else self.by_node.tolist(), tree=tree,
-            batch_forwards=self.batches + self.batch_iterations, per_image=per_image)
+            batch_forwards=self.batches + self.batch_iterations, per_image=per_image,
+            row_commits=[] if self.row_commits is None else self.row_commits.tolist())
 
     def add_images(self, state, local: list[int], original: list[int]) -> None:
         """Fold the per-image counters of images `local` of a batch state (a `TreeState` or `JacobiState`:
@@ -349,6 +355,9 @@ class RunTally:
         self.absorbed_sum += state.absorbed[0]
         self.absorbed_max = torch.maximum(self.absorbed_max, state.absorbed[1])
         self.relaxed += state.relaxed
+        rows = getattr(state, "rows", None)
+        if rows is not None:
+            self.row_commits = rows.commits.clone() if self.row_commits is None else self.row_commits + rows.commits
         if self.by_node is not None:
             self.by_node += state.by_node[: self.by_node.numel()]
 

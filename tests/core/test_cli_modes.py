@@ -54,6 +54,12 @@ def test_every_mode_from_the_command_line(tmp_path):
         assert stats["conditions"] == ["cat", "rocket"]
     gsd = json.loads(done.stdout)["stats"]
     assert "gsd group k8 gap 0.2" in gsd["tree"] and "repeat-above init" in gsd["tree"]
+    done = run_cli(tmp_path, "--cls", "cat", "--decoding", "sjd_2d_relaxed", "--rows", "4", "--row-window", "3",
+                   "--row-lead", "1", *FAST, out="rows")
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)["stats"]
+    assert "relaxed 2-D (lossy): 4 rows x w3 lead 1" in rows["tree"] and len(rows["row_commits"]) == 3
+    assert 0 < rows["row_committed_share"] < 1 and "committed by lower rows" in done.stderr + done.stdout
 
 
 @pytest.fixture

@@ -43,6 +43,11 @@ TWO_D = {  # 2-D drafting (no step-by-step oracle: checked against eager, compil
                                            row_offset=-2), SAMPLED, False),
     "sjd_2d_row_causal_repeat_above": (JacobiConfig(window=9, init="repeat_above", rows=2, row_window=10,
                                                     row_offset=-1, row_causal=True), SAMPLED, False),
+    # relaxed 2-D: lower rows commit at their own fronts (keys at raster slots, idle lanes in the trash slot)
+    "relaxed_2d_coupled": (JacobiConfig(window=4, coupled=True, init="sample_left", rows=4, row_window=3,
+                                        row_commit=True, row_lead=0), SAMPLED, False),
+    "relaxed_2d_row_causal_lantern_pp": (JacobiConfig(window=3, init="sample_left", rows=3, row_window=4, row_commit=True,
+                                                      row_causal=True, relaxation=Relaxation(k=8, lam=6.0)), SAMPLED, True),
 }
 
 
@@ -94,7 +99,8 @@ def test_window_bands_cover_every_length():
         assert jacobi_window(length, shape, exact=True) == (length, length + 9)
 
 
-@pytest.mark.parametrize("name", ["lantern_delta", "sjd_repeat_above", "greedy", "sjd_2d_row_causal_repeat_above"])
+@pytest.mark.parametrize("name", ["lantern_delta", "sjd_repeat_above", "greedy", "sjd_2d_row_causal_repeat_above",
+                                  "relaxed_2d_row_causal_lantern_pp"])
 def test_replayed_iterations_over_window_bands_give_the_eager_tokens(wide, monkeypatch, name):
     model, table = wide
     use_stand_in_graphs(monkeypatch, step_graphs)
@@ -105,7 +111,8 @@ def test_replayed_iterations_over_window_bands_give_the_eager_tokens(wide, monke
     step_graphs.release(model)
 
 
-@pytest.mark.parametrize("name", ["lantern_delta", "sjd_repeat_above", "gsd", "coupled_2d_three_rows"])
+@pytest.mark.parametrize("name", ["lantern_delta", "sjd_repeat_above", "gsd", "coupled_2d_three_rows",
+                                  "relaxed_2d_coupled"])
 def test_iteration_compiles_fullgraph_and_decodes_without_recompiling(wide, monkeypatch, name):
     import torch._dynamo
 
@@ -123,7 +130,7 @@ def test_iteration_compiles_fullgraph_and_decodes_without_recompiling(wide, monk
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", ["lantern_delta", "sjd", "greedy", "coupled_2d_three_rows"])
+@pytest.mark.parametrize("name", ["lantern_delta", "sjd", "greedy", "coupled_2d_three_rows", "relaxed_2d_coupled"])
 def test_cuda_graph_iterations_equal_eager_and_are_reused(name, dtype):
     model = random_gpt(WIDE_C2I, seed=7, std=0.2).to("cuda", dtype)
     table = build_neighbors(torch.randn(WIDE_C2I.vocab_size, 3, generator=torch.Generator().manual_seed(2)), 8).cuda()

@@ -48,6 +48,7 @@ MODE_BUDGETS = {
     "sjd w16 greedy": 80,
     "sjd continuation w16": 135,
     "sjd_coupled 2-D w15 + next row w16": 130,
+    "sjd_coupled relaxed 2-D w8, 6 rows x w6 (lossy)": 250,  # 234 when set: row fronts 51, raster mask included
 }
 
 

@@ -152,6 +152,10 @@ def test_every_decoder_keeps_the_row_layout_and_greedy_modes_equal_ar(lumina):
             tokens = run(sampled, make_generators(5, 3, "cpu")).tokens
             assert layout_ok(config, tokens), name
             assert tokens.unique().numel() > 8, name
+        rows = JacobiConfig(window=4, coupled=True, rows=3, row_window=3, row_commit=True, row_lead=0)
+        for sampling in (greedy, sampled):  # relaxed 2-D: each row's end-of-row token is its last column
+            tokens = jacobi_generate(model, condition, sampling, rows, make_generators(5, 3, "cpu")).tokens
+            assert layout_ok(config, tokens) and tokens.unique().numel() > 8
     codes, grid = image_codes(config, base)
     assert grid == (GRID, GRID) and codes.shape == (3, GRID * GRID) and int(codes.max()) < IMAGE_CODES
     assert loaded.vq.decode(codes, grid).shape == (3, 3, GRID * loaded.vq.config.downsample,

@@ -18,9 +18,11 @@ from lantern_core.decoding.sampling import make_generators
 from lantern_core.decoding.speculative import speculative_generate
 from lantern_core.decoding import step_graphs
 from lantern_core.decoding.step_graphs import static_only
-from test_jacobi_step import MODES as JACOBI_MODES
+from test_jacobi_step import MODES, TWO_D
 from test_tree_step import MODES as TREE_MODES, WIDE_C2I
 from tiny_models import random_drafter, random_gpt
+
+JACOBI_MODES = {**MODES, **TWO_D}
 
 HOST_READS = ("_local_scalar_dense", "nonzero", "unique", "masked_select", "bincount", "repeat_interleave.Tensor",
               "aminmax", "is_nonzero", "equal")

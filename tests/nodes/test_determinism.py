@@ -19,7 +19,7 @@ import weakref
 import pytest
 import torch
 
-MODES = ["ar", "eagle2", "static_tree", "lantern", "lantern_pp", "sjd", "sjd_coupled", "sjd_relaxed"]
+MODES = ["ar", "eagle2", "static_tree", "lantern", "lantern_pp", "sjd", "sjd_coupled", "sjd_relaxed", "sjd_2d_relaxed"]
 SETTINGS = dict(tree="auto", chain_length=4, custom_tree="[[0], [1], [0, 0]]", lantern_k=10, delta=0.1, lam=5.0,
                 eagle_depth=4, eagle_top_k=4, eagle_nodes=12, jacobi_window=0, jacobi_init="sample_left",
                 sjd_relaxation="lantern_pp", gsd_gap=0.15)
@@ -33,8 +33,8 @@ def load(pack, node):
 
 
 def tokens(node, model, drafter, mode, seed, batch_size=1, temperature=1.0, **overrides):
-    dec = node["LanternDecodingConfig"].execute(mode=mode, drafter=None if mode in ("ar", "sjd", "sjd_coupled",
-                                                                                   "sjd_relaxed") else drafter,
+    training_free = mode == "ar" or mode.startswith("sjd")
+    dec = node["LanternDecodingConfig"].execute(mode=mode, drafter=None if training_free else drafter,
                                                 **{**SETTINGS, **overrides}).args[0]
     cond = node["LanternConditioning"].execute(model=model, class_name="cat", prompt="").args[0]
     return node["LanternSampler"].execute(model=model, conditioning=cond, decoding=dec, cfg=3.0,

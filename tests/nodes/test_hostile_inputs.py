@@ -184,6 +184,7 @@ CONFIG_CONTEXT = {
     "jacobi_rows": ("sjd", {"mode": "sjd_coupled"}),
     "jacobi_row_window": ("sjd", {"mode": "sjd_coupled", "jacobi_rows": 2}),
     "jacobi_row_offset": ("sjd", {"mode": "sjd_coupled", "jacobi_rows": 2}),
+    "jacobi_continuation": ("sjd", {"mode": "sjd"}),
     "compile": ("base", {"mode": "ar"}),
 }
 IGNORED_TEXT = {("LanternConditioning", "prompt"), ("LanternGenerate", "prompt")}  # c2i models ignore the prompt
@@ -227,7 +228,8 @@ def beyond_cases(class_type: str, name: str, spec: list, required: bool, sources
     """Values beyond an input's limits and of wrong types, by its kind."""
     kind, opts = widget_kind(spec), spec_options(spec)
     wrong_source = sources["LANTERN_DECODING"] if spec[0] == "LANTERN_MODEL" else sources["LANTERN_MODEL"]
-    ignored = (class_type, name) in IGNORED_TEXT  # any text is fine there, as long as nothing breaks
+    # any text is fine there, as long as nothing breaks; the host turns any value of a BOOLEAN into bool(value)
+    ignored = (class_type, name) in IGNORED_TEXT or kind == "BOOLEAN"
     links = [("3-item list", [sources["LANTERN_MODEL"][0], 0, 0]), ("dangling link", ["9999", 0]),
              ("link to a missing output", [sources["LANTERN_MODEL"][0], 7]), ("wrong-type link", wrong_source)]
     cases = [Case(class_type, name, label, value) for label, value in links]
@@ -259,6 +261,9 @@ def beyond_cases(class_type: str, name: str, spec: list, required: bool, sources
             ("unknown option", "no-such-option"), ("1 MB string", "x" * MB), ("html", HTML),
             ("NUL bytes", "a\u0000b"), ("empty", ""), ("parent path", "../../../../etc/passwd"),
             ("absolute path", "/etc/passwd"), ("number", 5), ("null", None), ("bool", True)]]
+    elif kind == "BOOLEAN":  # the host turns any value into bool(value): whatever arrives must decode or refuse
+        cases += [Case(class_type, name, label, value, may_succeed=True) for label, value in [
+            ("string", "no"), ("number", 2), ("null", None), ("1 MB string", "x" * MB), ("list", [0])]]
     elif kind == "SOCKET":
         cases += [Case(class_type, name, "number", 5), Case(class_type, name, "string", "model"),
                   Case(class_type, name, "bool", True),
@@ -308,6 +313,12 @@ LIMIT_RUNS = [
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd", jacobi_window=4, jacobi_rows=2, jacobi_row_window=64,
                                            jacobi_row_offset=0)}),
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd_coupled", jacobi_rows=1, jacobi_row_offset=-64)}),
+    # relaxed 2-D at its limits: the widest frontier (most lanes idle past its row) and 8 rows of 64-wide windows
+    # on 16-token rows, then the smallest geometry; continuation on with its widest window
+    ("sjd", {"LanternDecodingConfig": dict(mode="sjd_2d_relaxed", jacobi_window=256, jacobi_rows=8,
+                                           jacobi_row_window=64)}),
+    ("sjd", {"LanternDecodingConfig": dict(mode="sjd_2d_relaxed", jacobi_window=1, jacobi_rows=2, jacobi_row_window=1)}),
+    ("sjd", {"LanternDecodingConfig": dict(mode="sjd", jacobi_window=256, jacobi_continuation=True)}),
 ]
 
 

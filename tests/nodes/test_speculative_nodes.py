@@ -102,7 +102,7 @@ def test_auto_tree_is_chosen_once_and_keeps_seeds_reproducible(node, model, draf
 
 @pytest.mark.parametrize("mode,relaxation", [("sjd", "lantern_pp"), ("sjd_coupled", "lantern_pp"),
                                              ("sjd_relaxed", "lantern"), ("sjd_relaxed", "lantern_pp"),
-                                             ("sjd_relaxed", "gsd")])
+                                             ("sjd_relaxed", "gsd"), ("sjd_2d_relaxed", "lantern_pp")])
 def test_jacobi_modes_need_no_drafter_and_report_their_window(node, model, mode, relaxation):
     dec = decoding(node, None, mode, jacobi_window=10, jacobi_init="random", sjd_relaxation=relaxation,
                    lantern_k=16, delta=0.2)
@@ -118,7 +118,10 @@ def test_jacobi_modes_need_no_drafter_and_report_their_window(node, model, mode,
     if mode == "sjd_relaxed" and relaxation == "lantern":
         assert 0 < payload["max_tvd_spent"] <= 0.2 + 1e-6 and payload["relaxed_tokens"] > 0
     if mode != "sjd_relaxed":
-        assert payload["relaxed_tokens"] == 0 and ("coupled" in payload["tree"]) == (mode == "sjd_coupled")
+        coupled = mode in ("sjd_coupled", "sjd_2d_relaxed")
+        assert payload["relaxed_tokens"] == 0 and ("coupled" in payload["tree"]) == coupled
+    if mode == "sjd_2d_relaxed":  # jacobi_rows left at 1: the mode's own 6 rows, labelled lossy
+        assert "relaxed 2-D (lossy): 6 rows x w4 lead 0" in payload["tree"] and sum(payload["row_commits"]) > 0
 
 
 def test_jacobi_auto_window_is_measured_once_and_keeps_seeds_reproducible(node, model):

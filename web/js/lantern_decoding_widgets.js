@@ -19,9 +19,10 @@ const USES = {
   lantern: [...EAGLE, "lantern_k", "delta"],
   static_tree: ["tree"],
   lantern_pp: ["tree", "lantern_k", "lam"],
-  sjd: JACOBI,
+  sjd: [...JACOBI, "jacobi_continuation"],
   sjd_coupled: JACOBI,
   sjd_relaxed: [...JACOBI, "sjd_relaxation", "lantern_k"],
+  sjd_2d_relaxed: [...JACOBI, "jacobi_row_window"], // rows at their own fronts: no fixed offset
 };
 const ALWAYS = ["mode", "compile"];
 const RULE_PARAMETER = { lantern: "delta", lantern_pp: "lam", gsd: "gsd_gap" };
@@ -34,7 +35,9 @@ export function usedWidgets(values) {
     if (values.tree === "chain") shown.add("chain_length");
     if (values.tree === "custom") shown.add("custom_tree");
   }
-  if (shown.has("jacobi_rows") && Number(values.jacobi_rows) > 1) ROWS.forEach((name) => shown.add(name));
+  if (shown.has("jacobi_rows") && Number(values.jacobi_rows) > 1 && values.mode !== "sjd_2d_relaxed") {
+    ROWS.forEach((name) => shown.add(name));
+  }
   if (values.mode === "sjd_relaxed" && RULE_PARAMETER[values.sjd_relaxation]) {
     shown.add(RULE_PARAMETER[values.sjd_relaxation]);
   }
