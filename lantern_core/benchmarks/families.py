@@ -144,7 +144,10 @@ def bench_family(label: str, model: PromptedImageLM, images: int, device, drafte
     codebook = torch.randn(config.vocab_size - int(config.row_end), 8, generator=torch.Generator().manual_seed(1))
     neighbors = build_neighbors(codebook, 10).to(device)
     pool = prompt_pool(config, device)
+    rows = dict(coupled=True, init="sample_left", rows=4, row_window=4)  # 2-D at each family's own row stride
     methods = {"ar": None, "sjd": JacobiConfig(window="auto"), "sjd_coupled": JacobiConfig(window="auto", coupled=True),
+               "sjd_coupled 2-D": JacobiConfig(window=4, **{**rows, "rows": 2}, row_offset=0),
+               "sjd_2d_relaxed": JacobiConfig(window="auto", **rows, row_commit=True, row_lead=0),
                "static_tree": SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57),
                "lantern_pp": SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57,
                                                relaxation=Relaxation(k=10, lam=5.0))}

@@ -47,8 +47,10 @@ class CostRow:
     eager_vs_ar_step: float = float("nan")  # against the eager AR step
 
 
-def modes(k: int) -> list[tuple[str, object]]:
+def modes(k: int, stride: int = 24) -> list[tuple[str, object]]:
+    """Every mode's iteration; the 2-D ones keep the frontier's window inside a row of `stride` tokens."""
     static = SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57)
+    two_d = min(15, stride - 1)
     return [
         ("static_tree (naive_extend_57)", static),
         ("lantern_pp lambda 5 (naive_extend_57)", SpeculativeConfig(tree="static", relaxation=Relaxation(k=k, lam=5.0))),
@@ -57,6 +59,11 @@ def modes(k: int) -> list[tuple[str, object]]:
          SpeculativeConfig(tree="dynamic", dynamic=DynamicShape(5, 10, 58), relaxation=Relaxation(k=k, delta=0.1))),
         ("sjd (window 16)", JacobiConfig(16, coupled=False)),
         ("sjd_coupled (window 16)", JacobiConfig(16, coupled=True)),
+        ("sjd continuation (window 16)", JacobiConfig(16, init="sample_left", continuation=True)),
+        ("sjd_coupled 2-D (window <= 15 + next row w16)", JacobiConfig(two_d, coupled=True, rows=2, row_window=16,
+                                                                       row_offset=-1)),
+        ("sjd_2d_relaxed (window <= 15 + 6 rows x w6)", JacobiConfig(two_d, coupled=True, rows=6, row_window=6,
+                                                                     row_commit=True, row_lead=0)),
     ]
 
 
@@ -118,7 +125,7 @@ def run(config: GPTConfig, label: str, device: torch.device, dtype: torch.dtype,
 
     ar_ms, ar_eager = both(None)
     rows = [CostRow("ar (one step)", "1 token", iterations, round(ar_ms, 3), 1.0, "", round(ar_eager, 3), 1.0)]
-    for name, spec in modes(k):
+    for name, spec in modes(k, config.row_stride):
         try:
             ms, eager = both(spec)
             rows.append(CostRow(name, name.split("(")[-1].rstrip(")"), iterations, round(ms, 3), round(ms / ar_ms, 3),

@@ -43,7 +43,7 @@ from .done_reader import DoneReader
 from .generate import GenerationResult, StepCallback, prefill, synchronize
 from .jacobi_step import (JacobiContext, JacobiShape, JacobiState, jacobi_bands, jacobi_iteration,
                           jacobi_window, judge_run)
-from .jacobi_window import WindowChoice, choose_window, target_costs
+from .jacobi_window import ROW_GEOMETRIES, WindowChoice, choose_rows, choose_window, target_costs
 from ..models.gpt import ImageTransformer
 from .relaxation import Grouping, Relaxation
 from .sampling import Generators, fill_per_image, generator_for, sample_from_probs
@@ -79,6 +79,7 @@ class JacobiConfig:
     row_commit: bool = False  # relaxed 2-D (Parallel-Jacobi style, lossy): each lower row keeps its own front,
     # judges its window there against what it sees and commits its accepted drafts before the frontier arrives
     row_lead: int = 1  # with row_commit: a lower row commits column c only once the row above holds c + row_lead
+    auto_rows: bool = False  # with row_commit: rows and row_window chosen per machine (`jacobi_window.choose_rows`)
 
     def __post_init__(self) -> None:
         if self.window != "auto" and (isinstance(self.window, bool) or not isinstance(self.window, int)
@@ -96,6 +97,9 @@ class JacobiConfig:
                               self.row_offset)
         if isinstance(self.row_lead, bool) or not isinstance(self.row_lead, int) or not 0 <= self.row_lead <= 64:
             raise ConfigError("jacobi row_lead", "an integer in 0..64 (columns the row above stays ahead)", self.row_lead)
+        if self.auto_rows and not self.row_commit:
+            raise ConfigError("jacobi auto_rows", "row_commit (the auto geometry is relaxed 2-D's)",
+                              {"auto_rows": True, "row_commit": self.row_commit})
         if self.row_commit and self.rows < 2:
             raise ConfigError("jacobi row_commit", "rows >= 2 (lower rows to commit)", {"rows": self.rows},
                               "open at least one lower row, or turn row_commit off")
@@ -147,7 +151,7 @@ class JacobiConfig:
         name = f"{kind}jacobi w{window or self.window} ({self.init.replace('_', '-')} init)"
         if self.rows > 1 and self.row_commit:
             name += (f", relaxed 2-D (lossy): {self.rows} rows x w{self.row_window} lead {self.row_lead}"
-                     f"{' row-causal' if self.row_causal else ''}")
+                     f"{' row-causal' if self.row_causal else ''}{' (auto geometry)' if self.auto_rows else ''}")
         elif self.rows > 1:
             name += (f", 2-D: {self.rows} rows x w{self.row_window} offset {self.column_offset:+d}"
                      f"{' row-causal' if self.row_causal else ''}")
@@ -198,9 +202,11 @@ def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: Sam
     neighbors = extend_neighbors(model.config, check_neighbors(config.neighbor_k, neighbors, device, model.config))
     N, B = model.config.num_image_tokens, condition.batch
     window, note = config.window, ""
-    if window == "auto":
+    if window == "auto" or config.auto_rows:
         choice = _auto_window(model, condition.row(0), sampling, config, neighbors, B)
         window, note = choice.window, f" (auto; {choice.note})"
+        if choice.rows is not None:
+            config = replace(config, rows=choice.rows, row_window=choice.row_window)
     tally = RunTally(device)
     sink = BatchSink.allocate(B, N, tally)
     if on_step is not None:
@@ -311,15 +317,20 @@ def _auto_window(model: ImageTransformer, condition: Condition, sampling: Sampli
     cached = _WINDOWS.setdefault(weights_digest(model), {})
     stored_key = auto_store.entry_key("window", weights_digest(model), auto_store.device_name(weight.device),
                                       str(weight.dtype), _auto_key(sampling, config, "-", "-"), batch)
-    if key not in cached:  # an earlier process may have measured it (`auto_store.py`)
-        stored = auto_store.recall(stored_key)
-        try:
-            if stored is not None:
-                cached[key] = WindowChoice(int(stored["window"]), float(stored["tokens_per_s"]),
-                                           float(stored["ar_tokens_per_s"]))
-        except (KeyError, TypeError, ValueError):
-            pass  # measured again below
-    if key not in cached:
+    if key in cached:
+        return cached[key]
+    stored = auto_store.recall(stored_key)  # an earlier process may have measured it (`auto_store.py`)
+    try:
+        if stored is not None:
+            geometry = (int(stored["rows"]), int(stored["row_window"])) if config.auto_rows else (None, None)
+            cached[key] = WindowChoice(int(stored["window"]), float(stored["tokens_per_s"]),
+                                       float(stored["ar_tokens_per_s"]), *geometry)
+            return cached[key]
+    except (KeyError, TypeError, ValueError):
+        pass  # measured again below
+    if config.auto_rows:
+        choice = _measure_rows(model, condition, sampling, config, neighbors, batch)
+    else:
         scratch = RunTally(weight.device)
         request = BatchRequest(condition, sampling, [torch.Generator(device=weight.device).manual_seed(0)], neighbors)
         largest = config.largest_window(model.config.row_stride)
@@ -327,9 +338,29 @@ def _auto_window(model: ImageTransformer, condition: Condition, sampling: Sampli
                       BatchSink.allocate(1, model.config.num_image_tokens, scratch))
         extra = (config.rows - 1) * config.row_window  # the lower rows' drafts ride in every forward
         costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1), largest + 1 + extra)
-        cached[key] = choose_window(scratch.histogram, costs, largest, extra)
-        choice = cached[key]
-        auto_store.remember(stored_key, {"window": choice.window, "tokens_per_s": choice.tokens_per_s,
-                                         "ar_tokens_per_s": choice.ar_tokens_per_s},
-                            f"jacobi window for {type(model).__name__} at batch {batch}")
-    return cached[key]
+        choice = choose_window(scratch.histogram, costs, largest, extra)
+    cached[key] = choice
+    entry = {"window": choice.window, "tokens_per_s": choice.tokens_per_s, "ar_tokens_per_s": choice.ar_tokens_per_s}
+    if choice.rows is not None:
+        entry.update(rows=choice.rows, row_window=choice.row_window)
+    auto_store.remember(stored_key, entry, f"jacobi window for {type(model).__name__} at batch {batch}")
+    return choice
+
+
+def _measure_rows(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
+                  neighbors: torch.Tensor | None, batch: int) -> WindowChoice:
+    """Relaxed 2-D's auto geometry: one scratch image (seed 0, discarded) per candidate of `ROW_GEOMETRIES`
+    with the frontier's widest window, then the candidate with the most tokens per second on this machine's
+    cost curve at the batch's rows."""
+    weight, N = model.tok_embeddings.weight, model.config.num_image_tokens
+    window = config.largest_window(model.config.row_stride) if config.window == "auto" else config.window
+    measured = {}
+    for rows, row_window in ROW_GEOMETRIES:
+        scratch = RunTally(weight.device)
+        request = BatchRequest(condition, sampling, [torch.Generator(device=weight.device).manual_seed(0)], neighbors)
+        _decode_batch(model, replace(config, window=window, rows=rows, row_window=row_window), request,
+                      BatchSink.allocate(1, N, scratch))
+        measured[(rows, row_window)] = N / max(scratch.iterations, 1)
+    widest = max((rows - 1) * row_window for rows, row_window in ROW_GEOMETRIES)
+    costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1), window + 1 + widest)
+    return choose_rows(measured, costs, window)

@@ -8,7 +8,11 @@ it buys: with window W an iteration that accepted a drafts would have accepted m
 
     tokens per second (W) = (1 + E[min(a, W)]) / verify(W + 1),
 
-and the best W wins; plain AR's 1 / verify(1) is reported next to it. Decoding itself is in `jacobi.py`.
+and the best W wins; plain AR's 1 / verify(1) is reported next to it. Relaxed 2-D decoding with an `auto`
+geometry measures tokens per forward directly, one scratch image per candidate (rows, drafts per lower-row
+window) of `ROW_GEOMETRIES`, and keeps the candidate with the most tokens per second on the same curve: its
+lower rows commit on their own, so the frontier's histogram alone cannot predict it. Decoding itself is in
+`jacobi.py`.
 """
 from __future__ import annotations
 
@@ -21,15 +25,22 @@ from .tree_select import CostCurve, verify_times
 _COSTS: "weakref.WeakKeyDictionary[ImageTransformer, dict]" = weakref.WeakKeyDictionary()
 
 
+ROW_GEOMETRIES = ((3, 4), (4, 2), (4, 4), (6, 3), (6, 6), (8, 2), (8, 4))  # (rows, row_window) `auto` tries
+
+
 @dataclass(frozen=True)
 class WindowChoice:
     window: int
     tokens_per_s: float  # predicted (model forwards only)
     ar_tokens_per_s: float  # plain AR on the same curve
+    rows: int | None = None  # relaxed 2-D with an auto geometry: the rows and drafts per lower-row window chosen
+    row_window: int | None = None
 
     @property
     def note(self) -> str:
         text = f"about {self.tokens_per_s:.0f} tok/s expected vs {self.ar_tokens_per_s:.0f} tok/s for plain AR"
+        if self.rows is not None:
+            text = f"geometry {self.rows} rows x w{self.row_window}; " + text
         return text + ("; plain AR (mode ar) is faster here" if self.tokens_per_s < self.ar_tokens_per_s else "")
 
 
@@ -69,3 +80,13 @@ def choose_window(histogram: list[int], costs: CostCurve, max_window: int, extra
         if rate > best_rate:
             best, best_rate = window, rate
     return WindowChoice(best, best_rate, 1.0 / costs.verify(1))
+
+
+def choose_rows(measured: dict[tuple[int, int], float], costs: CostCurve, window: int) -> WindowChoice:
+    """The (rows, row_window) of `measured` (tokens per forward each reached on the scratch image, frontier
+    window `window`) with the most tokens per second: a forward carries window + 1 + (rows - 1) x row_window
+    tokens."""
+    rate = {geometry: per_forward / costs.verify(window + 1 + (geometry[0] - 1) * geometry[1])
+            for geometry, per_forward in measured.items()}
+    rows, row_window = max(rate, key=lambda geometry: (rate[geometry], -geometry[0] * geometry[1]))
+    return WindowChoice(window, rate[(rows, row_window)], 1.0 / costs.verify(1), rows, row_window)

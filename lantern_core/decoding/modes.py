@@ -32,7 +32,7 @@ MODES = {
                       "fastest mode without a drafter; not lossless",
 }
 JACOBI_MODES = ("sjd", "sjd_coupled", "sjd_relaxed", "sjd_2d_relaxed")
-RELAXED_2D_ROWS = 6  # rows sjd_2d_relaxed opens when jacobi_rows is left at 1
+RELAXED_2D_ROWS = 6  # placeholder rows of sjd_2d_relaxed's auto geometry (jacobi_rows left at 1)
 SJD_RELAXATIONS = ("lantern_pp", "lantern", "gsd")
 TREES = ["auto", *STATIC_TREES, "chain", "custom"]
 CUSTOM_TREE_MAX_NODES = 512  # as many as eagle_nodes allows
@@ -110,10 +110,11 @@ def build_jacobi(mode: str, jacobi: JacobiWidgets, lantern_k: int, delta: float,
                                    ("jacobi_row_offset", jacobi.row_offset, -64, 64), ("row_lead", jacobi.row_lead, 0, 64)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ConfigError(name, f"an integer in {low}..{high}", value)
-    if mode == "sjd_2d_relaxed":  # lower rows commit at their own fronts; jacobi_rows 1 means the mode's default
+    if mode == "sjd_2d_relaxed":  # lower rows commit at their own fronts; jacobi_rows 1: an auto geometry
         return JacobiConfig(window=jacobi.window or "auto", coupled=True, init=jacobi.init,
                             rows=jacobi.rows if jacobi.rows > 1 else RELAXED_2D_ROWS, row_window=jacobi.row_window,
-                            row_causal=bool(jacobi.row_causal), row_commit=True, row_lead=jacobi.row_lead)
+                            row_causal=bool(jacobi.row_causal), row_commit=True, row_lead=jacobi.row_lead,
+                            auto_rows=jacobi.rows == 1)
     return JacobiConfig(window=jacobi.window or "auto", coupled=mode != "sjd", init=jacobi.init,
                         relaxation=relaxation, grouping=grouping, rows=jacobi.rows, row_window=jacobi.row_window,
                         row_offset=jacobi.row_offset, row_causal=bool(jacobi.row_causal),

@@ -227,11 +227,12 @@ def test_family_benchmark_writes_a_report(tmp_path):
                                                     "janus tiny (random)"]
     assert report["rows"][1]["image_tokens"] == 6 * 7  # Lumina: an end-of-row token per row
     for row in report["rows"]:
-        assert set(row["methods"]) == {"ar", "sjd", "sjd_coupled", "static_tree", "lantern_pp"}
+        assert set(row["methods"]) == {"ar", "sjd", "sjd_coupled", "sjd_coupled 2-D", "sjd_2d_relaxed", "static_tree",
+                                       "lantern_pp"}
         assert row["methods"]["ar"]["forward_passes"] == row["image_tokens"]
-        for name in ("sjd_coupled", "static_tree", "lantern_pp"):
+        for name in ("sjd_coupled", "sjd_coupled 2-D", "sjd_2d_relaxed", "static_tree", "lantern_pp"):
             assert row["methods"][name]["forward_passes"] <= row["image_tokens"]
         assert [n for n, _ in row["curve_ms"]][:2] == [1, 2] and all(ms > 0 for _, ms in row["curve_ms"])
     # Lumina's forced end-of-row drafts are always accepted, so drafting passes > 1 token per step even untrained
     assert report["rows"][1]["methods"]["lantern_pp"]["mean_accepted_length"] > 1.0
-    assert (tmp_path / "families_cpu_float32.md").read_text().count("| janus tiny (random) |") == 5
+    assert (tmp_path / "families_cpu_float32.md").read_text().count("| janus tiny (random) |") == 7

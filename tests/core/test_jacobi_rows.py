@@ -162,3 +162,23 @@ def test_row_commit_is_checked_and_described():
     text = JacobiConfig(4, rows=3, row_window=5, row_commit=True).describe()
     assert "relaxed 2-D (lossy): 3 rows x w5 lead 1" in text
     assert JacobiConfig(40, rows=3, row_commit=True).largest_window(16) == 15  # the frontier stays in its row
+
+
+def test_the_auto_geometry_follows_the_cost_curve_and_is_reused():
+    from lantern_core.decoding.jacobi_window import choose_rows
+    from lantern_core.decoding.tree_select import CostCurve
+
+    measured = {(4, 2): 3.0, (6, 6): 5.0, (8, 4): 4.5}
+    flat = CostCurve(((1, 1.0), (64, 1.0)), 0.0)  # a GPU: width is free, the most tokens per forward wins
+    steep = CostCurve(((1, 1.0), (64, 64.0)), 0.0)  # every token a full step: the narrowest forward wins
+    assert (choose_rows(measured, flat, 8).rows, choose_rows(measured, flat, 8).row_window) == (6, 6)
+    choice = choose_rows(measured, steep, 8)
+    assert (choice.rows, choice.row_window) == (4, 2) and "geometry 4 rows x w2" in choice.note
+    with pytest.raises(ConfigError, match="auto_rows"):
+        JacobiConfig(4, rows=2, auto_rows=True)
+    model = models_for("C")[0]
+    config = JacobiConfig("auto", coupled=True, init="sample_left", rows=2, row_commit=True, auto_rows=True)
+    runs = [jacobi_generate(model, Condition.classes([LABEL]), CFG2, config, make_generators(6, 1), compile="off")
+            for _ in range(2)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens) and runs[0].stats.tree == runs[1].stats.tree
+    assert "(auto geometry)" in runs[0].stats.tree and "(auto; geometry " in runs[0].stats.tree

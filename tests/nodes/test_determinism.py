@@ -63,7 +63,7 @@ def test_batch_positions_and_reloads_keep_images(pack, node, mm, monkeypatch, mo
     model, drafter = load(pack, node)
     assert model is not old and model.gpt is not old.gpt  # new modules: nothing can be remembered on the old ones
     calibrations = []  # a second calibration would measure time again and may pick another tree / window
-    for module, name in (("speculative", "choose_subtree"), ("jacobi", "choose_window")):
+    for module, name in (("speculative", "choose_subtree"), ("jacobi", "choose_window"), ("jacobi", "choose_rows")):
         target = sys.modules[f"lantern_pack.lantern_core.decoding.{module}"]
         real = getattr(target, name)
         monkeypatch.setattr(target, name, lambda *a, _real=real, **k: calibrations.append(1) or _real(*a, **k))
