@@ -95,13 +95,15 @@ class LanternDecodingConfig(io.ComfyNode):
                                        "tokens as off). CPUs and Apple GPUs run eagerly with every choice. off: "
                                        "always eager (for debugging). Every mode uses it: ar steps, draft-tree "
                                        "and Jacobi iterations."),
-                io.Int.Input("jacobi_rows", default=1, min=1, max=8,
-                             tooltip="sjd modes: draft windows open at once. 1: the frontier's window only (1-D "
+                io.Int.Input("jacobi_rows", default=1, min=0, max=8,
+                             tooltip="sjd modes: draft windows open at once. 0: auto (the geometry, 1-D or 2-D, "
+                                     "with the most tokens per second on this machine, measured once on scratch "
+                                     "images; seeds unaffected). 1: the frontier's window only (1-D "
                                      "Jacobi). 2 or more: also a window on each of the next image rows, drafted in "
                                      "the same forward pass; when the frontier reaches those positions it starts "
                                      "from their drafts. Lossless for sjd and sjd_coupled: only the frontier "
                                      "accepts, by the exact rule. sjd_2d_relaxed: rows decoded at once, each "
-                                     "committing its own tokens; 1 = auto: the rows and drafts per row with the "
+                                     "committing its own tokens; 0 or 1 = auto: the rows and drafts per row with the "
                                      "most tokens per second on this machine, measured once per model and "
                                      "setting on scratch images (seeds unaffected)."),
                 io.Int.Input("jacobi_row_window", default=4, min=1, max=64,

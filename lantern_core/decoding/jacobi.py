@@ -43,7 +43,8 @@ from .done_reader import DoneReader
 from .generate import GenerationResult, StepCallback, prefill, synchronize
 from .jacobi_step import (JacobiContext, JacobiShape, JacobiState, jacobi_bands, jacobi_iteration,
                           jacobi_window, judge_run)
-from .jacobi_window import ROW_GEOMETRIES, WindowChoice, choose_rows, choose_window, target_costs
+from .jacobi_window import (LOSSLESS_GEOMETRIES, ROW_GEOMETRIES, WindowChoice, choose_rows, choose_window,
+                            expected_tokens, target_costs)
 from ..models.gpt import ImageTransformer
 from .relaxation import Grouping, Relaxation
 from .sampling import Generators, fill_per_image, generator_for, sample_from_probs
@@ -79,7 +80,7 @@ class JacobiConfig:
     row_commit: bool = False  # relaxed 2-D (Parallel-Jacobi style, lossy): each lower row keeps its own front,
     # judges its window there against what it sees and commits its accepted drafts before the frontier arrives
     row_lead: int = 1  # with row_commit: a lower row commits column c only once the row above holds c + row_lead
-    auto_rows: bool = False  # with row_commit: rows and row_window chosen per machine (`jacobi_window.choose_rows`)
+    auto_rows: bool = False  # rows, row_window (and for lossless 2-D row_offset) chosen per machine on scratch images
 
     def __post_init__(self) -> None:
         if self.window != "auto" and (isinstance(self.window, bool) or not isinstance(self.window, int)
@@ -97,9 +98,6 @@ class JacobiConfig:
                               self.row_offset)
         if isinstance(self.row_lead, bool) or not isinstance(self.row_lead, int) or not 0 <= self.row_lead <= 64:
             raise ConfigError("jacobi row_lead", "an integer in 0..64 (columns the row above stays ahead)", self.row_lead)
-        if self.auto_rows and not self.row_commit:
-            raise ConfigError("jacobi auto_rows", "row_commit (the auto geometry is relaxed 2-D's)",
-                              {"auto_rows": True, "row_commit": self.row_commit})
         if self.row_commit and self.rows < 2:
             raise ConfigError("jacobi row_commit", "rows >= 2 (lower rows to commit)", {"rows": self.rows},
                               "open at least one lower row, or turn row_commit off")
@@ -151,10 +149,12 @@ class JacobiConfig:
         name = f"{kind}jacobi w{window or self.window} ({self.init.replace('_', '-')} init)"
         if self.rows > 1 and self.row_commit:
             name += (f", relaxed 2-D (lossy): {self.rows} rows x w{self.row_window} lead {self.row_lead}"
-                     f"{' row-causal' if self.row_causal else ''}{' (auto geometry)' if self.auto_rows else ''}")
+                     f"{' row-causal' if self.row_causal else ''}")
         elif self.rows > 1:
             name += (f", 2-D: {self.rows} rows x w{self.row_window} offset {self.column_offset:+d}"
                      f"{' row-causal' if self.row_causal else ''}")
+        if self.auto_rows:
+            name += " (auto geometry)"
         if self.relaxation is not None:
             r = self.relaxation
             name += f", lantern k{r.k} " + (f"delta {r.delta:g}" if r.delta is not None else f"lambda {r.lam:g}")
@@ -206,7 +206,8 @@ def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: Sam
         choice = _auto_window(model, condition.row(0), sampling, config, neighbors, B)
         window, note = choice.window, f" (auto; {choice.note})"
         if choice.rows is not None:
-            config = replace(config, rows=choice.rows, row_window=choice.row_window)
+            offset = config.row_offset if choice.row_offset is None else choice.row_offset
+            config = replace(config, rows=choice.rows, row_window=choice.row_window, row_offset=offset)
     tally = RunTally(device)
     sink = BatchSink.allocate(B, N, tally)
     if on_step is not None:
@@ -322,7 +323,10 @@ def _auto_window(model: ImageTransformer, condition: Condition, sampling: Sampli
     stored = auto_store.recall(stored_key)  # an earlier process may have measured it (`auto_store.py`)
     try:
         if stored is not None:
-            geometry = (int(stored["rows"]), int(stored["row_window"])) if config.auto_rows else (None, None)
+            geometry = (None, None, None)
+            if config.auto_rows:
+                offset = stored.get("row_offset")
+                geometry = (int(stored["rows"]), int(stored["row_window"]), None if offset is None else int(offset))
             cached[key] = WindowChoice(int(stored["window"]), float(stored["tokens_per_s"]),
                                        float(stored["ar_tokens_per_s"]), *geometry)
             return cached[key]
@@ -342,16 +346,19 @@ def _auto_window(model: ImageTransformer, condition: Condition, sampling: Sampli
     cached[key] = choice
     entry = {"window": choice.window, "tokens_per_s": choice.tokens_per_s, "ar_tokens_per_s": choice.ar_tokens_per_s}
     if choice.rows is not None:
-        entry.update(rows=choice.rows, row_window=choice.row_window)
+        entry.update(rows=choice.rows, row_window=choice.row_window, row_offset=choice.row_offset)
     auto_store.remember(stored_key, entry, f"jacobi window for {type(model).__name__} at batch {batch}")
     return choice
 
 
 def _measure_rows(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
                   neighbors: torch.Tensor | None, batch: int) -> WindowChoice:
-    """Relaxed 2-D's auto geometry: one scratch image (seed 0, discarded) per candidate of `ROW_GEOMETRIES`
-    with the frontier's widest window, then the candidate with the most tokens per second on this machine's
-    cost curve at the batch's rows."""
+    """An auto geometry: one scratch image (seed 0, discarded) per candidate, then the candidate with the most
+    tokens per second on this machine's cost curve at the batch's rows. Relaxed 2-D tries `ROW_GEOMETRIES` with
+    the frontier's widest window and measures tokens per forward directly; the lossless modes try
+    `LOSSLESS_GEOMETRIES` (1-D among them) and plan each one's window from its acceptance histogram."""
+    if not config.row_commit:
+        return _lossless_geometry(model, condition, sampling, config, neighbors, batch)
     weight, N = model.tok_embeddings.weight, model.config.num_image_tokens
     window = config.largest_window(model.config.row_stride) if config.window == "auto" else config.window
     measured = {}
@@ -364,3 +371,35 @@ def _measure_rows(model: ImageTransformer, condition: Condition, sampling: Sampl
     widest = max((rows - 1) * row_window for rows, row_window in ROW_GEOMETRIES)
     costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1), window + 1 + widest)
     return choose_rows(measured, costs, window)
+
+
+def _lossless_geometry(model: ImageTransformer, condition: Condition, sampling: SamplingConfig,
+                       config: JacobiConfig, neighbors: torch.Tensor | None, batch: int) -> WindowChoice:
+    """`_measure_rows` for sjd / sjd_coupled / sjd_relaxed: each geometry of `LOSSLESS_GEOMETRIES` that fits the
+    image's rows, its window chosen (or the user's) from its own scratch image's acceptance histogram."""
+    weight, N, stride = model.tok_embeddings.weight, model.config.num_image_tokens, model.config.row_stride
+    candidates = []
+    for rows, row_window, offset in LOSSLESS_GEOMETRIES:
+        candidate = replace(config, rows=rows, row_window=row_window, row_offset=offset, auto_rows=False)
+        window = candidate.largest_window(stride) if config.window == "auto" else config.window
+        try:
+            candidate.far_starts(window, stride)
+        except ConfigError:
+            continue  # this geometry does not fit these rows (or the user's window)
+        candidates.append((replace(candidate, window=window), (rows - 1) * row_window if rows > 1 else 0))
+    costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1),
+                         max(c.window + 1 + extra for c, extra in candidates))
+    best = None
+    for candidate, extra in candidates:
+        scratch = RunTally(weight.device)
+        request = BatchRequest(condition, sampling, [torch.Generator(device=weight.device).manual_seed(0)], neighbors)
+        _decode_batch(model, candidate, request, BatchSink.allocate(1, N, scratch))
+        if config.window == "auto":
+            choice = choose_window(scratch.histogram, costs, candidate.window, extra)
+        else:
+            choice = WindowChoice(candidate.window, expected_tokens(scratch.histogram, candidate.window)
+                                  / costs.verify(candidate.window + 1 + extra), 1.0 / costs.verify(1))
+        choice = replace(choice, rows=candidate.rows, row_window=candidate.row_window, row_offset=candidate.row_offset)
+        if best is None or choice.tokens_per_s > best.tokens_per_s:
+            best = choice
+    return best

@@ -25,7 +25,8 @@ from .tree_select import CostCurve, verify_times
 _COSTS: "weakref.WeakKeyDictionary[ImageTransformer, dict]" = weakref.WeakKeyDictionary()
 
 
-ROW_GEOMETRIES = ((3, 4), (4, 2), (4, 4), (6, 3), (6, 6), (8, 2), (8, 4))  # (rows, row_window) `auto` tries
+ROW_GEOMETRIES = ((3, 4), (4, 2), (4, 4), (6, 3), (6, 6), (8, 2), (8, 4))  # (rows, row_window) relaxed 2-D tries
+LOSSLESS_GEOMETRIES = ((1, 4, -5), (2, 16, -1), (2, 8, -1), (3, 4, -5))  # (rows, row_window, row_offset) for sjd
 
 
 @dataclass(frozen=True)
@@ -33,14 +34,16 @@ class WindowChoice:
     window: int
     tokens_per_s: float  # predicted (model forwards only)
     ar_tokens_per_s: float  # plain AR on the same curve
-    rows: int | None = None  # relaxed 2-D with an auto geometry: the rows and drafts per lower-row window chosen
+    rows: int | None = None  # an auto geometry: the rows, drafts per lower-row window and offset chosen
     row_window: int | None = None
+    row_offset: int | None = None  # lossless 2-D only (relaxed rows sit at their own fronts)
 
     @property
     def note(self) -> str:
         text = f"about {self.tokens_per_s:.0f} tok/s expected vs {self.ar_tokens_per_s:.0f} tok/s for plain AR"
         if self.rows is not None:
-            text = f"geometry {self.rows} rows x w{self.row_window}; " + text
+            shape = "1-D" if self.rows == 1 else f"{self.rows} rows x w{self.row_window}"
+            text = f"geometry {shape}; " + text
         return text + ("; plain AR (mode ar) is faster here" if self.tokens_per_s < self.ar_tokens_per_s else "")
 
 

@@ -106,7 +106,7 @@ def build_jacobi(mode: str, jacobi: JacobiWidgets, lantern_k: int, delta: float,
             relaxation = Relaxation(k=lantern_k, lam=lam)
         else:
             grouping = Grouping(k=lantern_k, gap=jacobi.gsd_gap)
-    for name, value, low, high in (("jacobi_rows", jacobi.rows, 1, 8), ("jacobi_row_window", jacobi.row_window, 1, 64),
+    for name, value, low, high in (("jacobi_rows", jacobi.rows, 0, 8), ("jacobi_row_window", jacobi.row_window, 1, 64),
                                    ("jacobi_row_offset", jacobi.row_offset, -64, 64), ("row_lead", jacobi.row_lead, 0, 64)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ConfigError(name, f"an integer in {low}..{high}", value)
@@ -114,9 +114,10 @@ def build_jacobi(mode: str, jacobi: JacobiWidgets, lantern_k: int, delta: float,
         return JacobiConfig(window=jacobi.window or "auto", coupled=True, init=jacobi.init,
                             rows=jacobi.rows if jacobi.rows > 1 else RELAXED_2D_ROWS, row_window=jacobi.row_window,
                             row_causal=bool(jacobi.row_causal), row_commit=True, row_lead=jacobi.row_lead,
-                            auto_rows=jacobi.rows == 1)
+                            auto_rows=jacobi.rows <= 1)
     return JacobiConfig(window=jacobi.window or "auto", coupled=mode != "sjd", init=jacobi.init,
-                        relaxation=relaxation, grouping=grouping, rows=jacobi.rows, row_window=jacobi.row_window,
+                        relaxation=relaxation, grouping=grouping, rows=max(jacobi.rows, 1), auto_rows=jacobi.rows == 0,
+                        row_window=jacobi.row_window,
                         row_offset=jacobi.row_offset, row_causal=bool(jacobi.row_causal),
                         continuation=bool(jacobi.continuation) and mode == "sjd")
 

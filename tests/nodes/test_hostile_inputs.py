@@ -319,6 +319,7 @@ LIMIT_RUNS = [
                                            jacobi_row_window=64)}),
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd_2d_relaxed", jacobi_window=1, jacobi_rows=2, jacobi_row_window=1)}),
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd", jacobi_window=256, jacobi_continuation=True)}),
+    ("sjd", {"LanternDecodingConfig": dict(mode="sjd_coupled", jacobi_rows=0)}),  # the auto geometry
 ]
 
 
