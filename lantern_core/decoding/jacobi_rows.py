@@ -37,6 +37,13 @@ class RowLanes:
     real: torch.Tensor  # (G, (R-1) w) bool lower lanes fed, written, kept and drafted
     width: torch.Tensor  # (G, R - 1) long leading live lanes of each lower window (the most it may commit)
 
+    def ring(self, horizon: int) -> torch.Tensor:
+        """(G, W + 1 + (R-1) w) the prediction-ring row of every query: its position mod `horizon`, or the
+        discard row `horizon` for a lane that predicts nothing real."""
+        inside = torch.arange(self.cells.shape[1], device=self.cells.device) <= self.front_width[:, None]
+        return torch.cat([torch.where(inside, self.cells % horizon, horizon),
+                          torch.where(self.real, self.positions % horizon, horizon)], 1)
+
 
 def row_fronts(fixed: torch.Tensor, image_tokens: int, stride: int) -> torch.Tensor:
     """(G, >= N) committed cells -> (G, N / stride) committed count of every image row (its leading run)."""

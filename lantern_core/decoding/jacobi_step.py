@@ -573,11 +573,18 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
     state.per_cell.scatter_(1, cells, count.to(torch.int32)[:, None].expand(-1, W + 1))
     keep_predictions(shape, state, p_all, predicted, width)
     # an image finishing now (or done before) keeps its length: its later writes stay inside the cache
+    _advance(state, a, active, verdict.gain * active[:, None], N)
+
+
+def _advance(state: JacobiState, a: torch.Tensor, active: torch.Tensor, gain: torch.Tensor, N: int) -> None:
+    """After the frontier accepted a (G,) drafts plus one token: move the committed length and the tokens done
+    (an image finishing now, or done before, keeps its length: its later writes stay inside the cache), count
+    the iteration, and fold in the relaxed / grouped mass `gain` (G, ·) the accepted drafts used."""
+    done, count = state.done, a + 1
     state.length.add_(per_row(torch.where(done + count < N, count, torch.zeros_like(count)), state.length.shape[0]))
     done.add_(torch.where(active, count, torch.zeros_like(count)))
     state.iteration.add_(active.long())
     state.histogram.scatter_add_(1, a[:, None], active.long()[:, None])
-    gain = verdict.gain * active[:, None]
     state.absorbed.copy_(torch.stack([state.absorbed[0] + gain.sum(), torch.maximum(state.absorbed[1], gain.max())]))
     state.relaxed.add_((gain > 0).sum())
 
@@ -634,13 +641,6 @@ def _row_front_iteration(ctx: JacobiContext, state: JacobiState, window: int) ->
     settled = per_row(lanes.real & rs.fixed.gather(1, (lanes.positions - 1).clamp(min=0)), rows)  # committed keys
     rs.ahead_ok.scatter_(1, slots[:, W + 1:], settled)
     H = state.ahead.shape[1] - 1
-    ring = torch.cat([torch.where(inside, cells % H, H), torch.where(lanes.real, lanes.positions % H, H)], 1)
-    keep_predictions(shape, state, p_all, predicted, width, ring)
-    state.length.add_(per_row(torch.where(done + count < N, count, torch.zeros_like(count)), rows))
-    done.add_(torch.where(active, count, torch.zeros_like(count)))
-    state.iteration.add_(active.long())
-    state.histogram.scatter_add_(1, a[:, None], active.long()[:, None])
+    keep_predictions(shape, state, p_all, predicted, width, lanes.ring(H))
     rs.commits.add_(runs.sum(0))
-    gain = torch.cat([verdict.gain * active[:, None], low.gain.view(G, -1)], 1)
-    state.absorbed.copy_(torch.stack([state.absorbed[0] + gain.sum(), torch.maximum(state.absorbed[1], gain.max())]))
-    state.relaxed.add_((gain > 0).sum())
+    _advance(state, a, active, torch.cat([verdict.gain * active[:, None], low.gain.view(G, -1)], 1), N)
