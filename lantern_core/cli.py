@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--continuation", action="store_true",
                    help="sjd: a Jacobi update keeps the current draft with probability min(1, p/q), else draws from "
                         "the residual (SJD-PAC's adaptive continuation; lossless)")
+    g.add_argument("--proactive", type=int, default=1,
+                   help="sjd, sjd_coupled: candidates drafted at each of the first 3 positions past the frontier and "
+                        "judged by recursive rejection sampling (SJD-PAC's proactive drafting; lossless); 1: off")
     g.add_argument("--row-causal", action="store_true",
                    help="sjd modes with --rows > 1: lower windows see only the committed tokens and their own window "
                         "(Parallel Jacobi Decoding's mask) instead of every earlier draft")
@@ -130,7 +133,7 @@ def cli_settings(args: argparse.Namespace) -> ModeSettings:
                         args.lam, DynamicShape(args.eagle_depth, args.eagle_top_k, args.eagle_nodes),
                         JacobiWidgets(parse_window(args.window), args.init, args.sjd_relaxation, args.gsd_gap,
                                       args.rows, args.row_window, args.row_offset, args.row_causal,
-                                      args.continuation, args.row_lead))
+                                      args.continuation, args.row_lead, args.proactive))
 
 
 @dataclass

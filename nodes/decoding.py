@@ -120,6 +120,14 @@ class LanternDecodingConfig(io.ComfyNode):
                                          "max(0, p - q): drafts settle faster and the output stays exactly AR's "
                                          "(lossless). On the embedded model it lifts sjd from about 2.3 to 3.2 "
                                          "accepted tokens per forward."),
+                io.Int.Input("jacobi_proactive", default=1, min=1, max=8,
+                             tooltip="sjd and sjd_coupled: proactive drafting (SJD-PAC's tree at the rejection "
+                                     "point). Candidates drafted at each of the first 3 positions past the "
+                                     "frontier, judged in the same forward pass by recursive rejection sampling, "
+                                     "so when the usual draft is rejected another candidate may still be "
+                                     "accepted. 1: off. Lossless: the output stays exactly AR's. On the embedded "
+                                     "model 4 lifts sjd_coupled from 2.9 to 3.25 accepted tokens per forward; each "
+                                     "candidate widens the forward pass (nearly free on a GPU, slower on a CPU)."),
             ],
             outputs=[LanternDecodingType.Output(display_name="decoding", tooltip="Feed into Lantern: Sampler.")],
         )
@@ -129,12 +137,14 @@ class LanternDecodingConfig(io.ComfyNode):
                 lam: float, eagle_depth: int, eagle_top_k: int, eagle_nodes: int, jacobi_window: int = 0,
                 jacobi_init: str = "sample_left", sjd_relaxation: str = "lantern_pp", gsd_gap: float = 0.15,
                 compile: str = "auto", jacobi_rows: int = 1, jacobi_row_window: int = 4,
-                jacobi_row_offset: int = -5, jacobi_continuation: bool = False, drafter=None) -> io.NodeOutput:
+                jacobi_row_offset: int = -5, jacobi_continuation: bool = False, jacobi_proactive: int = 1,
+                drafter=None) -> io.NodeOutput:
         check_choice("compile", compile, COMPILE_CHOICES)
         settings = ModeSettings(mode, tree, chain_length, custom_tree, lantern_k, delta, lam,
                                 DynamicShape(eagle_depth, eagle_top_k, eagle_nodes),
                                 JacobiWidgets(jacobi_window, jacobi_init, sjd_relaxation, gsd_gap, jacobi_rows,
                                               jacobi_row_window, jacobi_row_offset,
-                                              continuation=bool(jacobi_continuation)))
+                                              continuation=bool(jacobi_continuation),
+                                              proactive=jacobi_proactive))
         decoding = build_decoding(settings, drafter)
         return io.NodeOutput(replace(decoding, compile=compile))

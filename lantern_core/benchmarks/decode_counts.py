@@ -165,6 +165,10 @@ def jacobi_modes(k: int) -> list[tuple[str, JacobiConfig, bool]]:
             ("sjd continuation w16", JacobiConfig(16, init="sample_left", continuation=True), False),
             ("sjd_coupled 2-D w15 + next row w16", JacobiConfig(15, **coupled, rows=2, row_window=16, row_offset=-1),
              False),
+            ("sjd_coupled proactive 4 x depth 3 w16", JacobiConfig(16, **coupled, proactive=4, proactive_depth=3),
+             False),
+            ("sjd continuation proactive 4 x depth 3 w16",
+             JacobiConfig(16, init="sample_left", continuation=True, proactive=4, proactive_depth=3), False),
             ("sjd_coupled relaxed 2-D w8, 6 rows x w6 (lossy)",
              JacobiConfig(8, **coupled, rows=6, row_window=6, row_commit=True, row_lead=0), False)]
 
@@ -194,7 +198,9 @@ def count_jacobi(model, config: JacobiConfig, sampling: SamplingConfig, neighbor
     parts = [(jacobi_step, "refill", "drafts (refill)"), (jacobi_step, "forward_window", "verification forward"),
              (jacobi_step, "forward_at_slots", "verification forward"),
              (jacobi_step.JacobiContext, "target", "distributions"), (jacobi_step, "judge_run", "judge"),
-             (jacobi_step, "row_lanes", "row fronts"), (jacobi_step, "raster_mask", "row fronts")]
+             (jacobi_step, "row_lanes", "row fronts"), (jacobi_step, "raster_mask", "row fronts"),
+             (jacobi_step, "judge_with_leaves", "judge"), (jacobi_step, "move_leaf_key", "leaf key"),
+             (jacobi_step, "draw_leaves", "drafts (refill)")]
 
     def run(on_step) -> None:
         jacobi_generate(model, cond, sampling, config, make_generators(0, 1, device), neighbors, on_step, compile="off")

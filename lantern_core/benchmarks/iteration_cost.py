@@ -60,6 +60,7 @@ def modes(k: int, stride: int = 24) -> list[tuple[str, object]]:
         ("sjd (window 16)", JacobiConfig(16, coupled=False)),
         ("sjd_coupled (window 16)", JacobiConfig(16, coupled=True)),
         ("sjd continuation (window 16)", JacobiConfig(16, init="sample_left", continuation=True)),
+        ("sjd_coupled proactive 4 x depth 3 (window 16)", JacobiConfig(16, coupled=True, proactive=4)),
         ("sjd_coupled 2-D (window <= 15 + next row w16)", JacobiConfig(two_d, coupled=True, rows=2, row_window=16,
                                                                        row_offset=-1)),
         ("sjd_2d_relaxed (window <= 15 + 6 rows x w6)", JacobiConfig(two_d, coupled=True, rows=6, row_window=6,

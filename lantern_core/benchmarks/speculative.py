@@ -87,6 +87,11 @@ def methods(lantern_k: int = 1000, pp_k: int = 10) -> list[Method]:
              Method("sjd continuation", JacobiConfig("auto", init="sample_left", continuation=True)),
              Method("sjd continuation 2-D (next row)", JacobiConfig("auto", init="sample_left", continuation=True,
                                                                     rows=2, row_window=16, row_offset=-1)),
+             Method("sjd_coupled proactive 4", JacobiConfig("auto", **coupled, proactive=4)),
+             Method("sjd_coupled proactive 4 2-D (next row)", JacobiConfig("auto", **coupled, proactive=4, rows=2,
+                                                                         row_window=16, row_offset=-1)),
+             Method("sjd continuation proactive 4 (SJD-PAC)", JacobiConfig("auto", init="sample_left",
+                                                                          continuation=True, proactive=4)),
              Method("sjd_coupled random init", JacobiConfig("auto", coupled=True, init="random")),
              Method("sjd_coupled repeat_above", JacobiConfig("auto", coupled=True, init="repeat_above"))]
     rows += [Method(f"sjd_relaxed lambda={lam:g} k={pp_k}", JacobiConfig("auto", **coupled, relaxation=Relaxation(k=pp_k, lam=lam)))

@@ -12,6 +12,10 @@ position resampled from max(0, p - q), keeps the output distributed exactly as A
 every draft by Gumbel-max from one noise table indexed by absolute position (derived from the run's
 generator), so a position whose distribution barely changed re-draws the same token and is accepted.
 
+Proactive drafting (`proactive` K > 1, `jacobi_proactive.py`) adds K - 1 candidates, drawn without replacement
+from the same law, at each of the window's first `proactive_depth` positions and judges each position's
+candidates by recursive rejection sampling: still exact, more tokens per forward.
+
 Relaxed modes replace p_j(x_j) by LANTERN's p~(x_j) (delta or lambda, `relaxation.py`; the absorbed
 neighbours are carved out of q on rejection exactly as in the tree walk) or judge the draft by its GSD
 group's mass p(G) / q(G). They relax only drafts the model proposed (Jacobi updates), never a fresh
@@ -81,6 +85,9 @@ class JacobiConfig:
     # judges its window there against what it sees and commits its accepted drafts before the frontier arrives
     row_lead: int = 1  # with row_commit: a lower row commits column c only once the row above holds c + row_lead
     auto_rows: bool = False  # rows, row_window (and for lossless 2-D row_offset) chosen per machine on scratch images
+    proactive: int = 1  # proactive drafting (SJD-PAC's tree, `jacobi_proactive.py`): candidates at each of the first
+    # `proactive_depth` positions past the frontier, judged by recursive rejection sampling (lossless); 1 = off
+    proactive_depth: int = 3
 
     def __post_init__(self) -> None:
         if self.window != "auto" and (isinstance(self.window, bool) or not isinstance(self.window, int)
@@ -107,6 +114,15 @@ class JacobiConfig:
         if self.relaxation is not None and self.grouping is not None:
             raise ConfigError("jacobi acceptance", "at most one of relaxation (LANTERN) or grouping (GSD)",
                               {"relaxation": self.relaxation, "grouping": self.grouping})
+        for name, value, low, high in (("jacobi proactive", self.proactive, 1, 8),
+                                       ("jacobi proactive_depth", self.proactive_depth, 1, 16)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(name, f"an integer in {low}..{high}", value)
+        if self.proactive > 1 and (self.relaxation is not None or self.grouping is not None or self.row_commit):
+            raise ConfigError("jacobi proactive", "the exact Jacobi rule (sjd, sjd_coupled, lossless 2-D)",
+                              {"proactive": self.proactive, "relaxed": self.relaxation is not None
+                               or self.grouping is not None, "row_commit": self.row_commit},
+                              "set proactive to 1 with relaxed acceptance or relaxed 2-D decoding")
 
     @property
     def column_offset(self) -> int:
@@ -137,6 +153,11 @@ class JacobiConfig:
             return max(1, min(self.max_window, stride - 1))
         return max(1, min(self.max_window, stride + self.column_offset))
 
+    def leaves(self, window: int) -> int:
+        """Extra candidates proactive drafting adds to a forward with a frontier `window`: K - 1 at each of the
+        first min(proactive_depth, window) positions."""
+        return 0 if self.proactive == 1 else (self.proactive - 1) * min(self.proactive_depth, window)
+
     @property
     def neighbor_k(self) -> int:
         """Latent neighbours per token the acceptance rule reads (0: no table needed)."""
@@ -153,6 +174,8 @@ class JacobiConfig:
         elif self.rows > 1:
             name += (f", 2-D: {self.rows} rows x w{self.row_window} offset {self.column_offset:+d}"
                      f"{' row-causal' if self.row_causal else ''}")
+        if self.proactive > 1:
+            name += f", proactive {self.proactive} x depth {self.proactive_depth}"
         if self.auto_rows:
             name += " (auto geometry)"
         if self.relaxation is not None:
@@ -340,7 +363,7 @@ def _auto_window(model: ImageTransformer, condition: Condition, sampling: Sampli
         largest = config.largest_window(model.config.row_stride)
         _decode_batch(model, replace(config, window=largest), request,
                       BatchSink.allocate(1, model.config.num_image_tokens, scratch))
-        extra = (config.rows - 1) * config.row_window  # the lower rows' drafts ride in every forward
+        extra = (config.rows - 1) * config.row_window + config.leaves(largest)  # lower rows' drafts, leaves
         costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1), largest + 1 + extra)
         choice = choose_window(scratch.histogram, costs, largest, extra)
     cached[key] = choice
@@ -386,7 +409,8 @@ def _lossless_geometry(model: ImageTransformer, condition: Condition, sampling: 
             candidate.far_starts(window, stride)
         except ConfigError:
             continue  # this geometry does not fit these rows (or the user's window)
-        candidates.append((replace(candidate, window=window), (rows - 1) * row_window if rows > 1 else 0))
+        candidates.append((replace(candidate, window=window),
+                           ((rows - 1) * row_window if rows > 1 else 0) + candidate.leaves(window)))
     costs = target_costs(model, batch * (2 if sampling.uses_cfg else 1),
                          max(c.window + 1 + extra for c, extra in candidates))
     best = None

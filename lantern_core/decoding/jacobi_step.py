@@ -34,10 +34,12 @@ from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import KVCache, attention_mask
 from .acceptance import absorbed_set, normalise
 from .drafting import per_row, rows_of
+from .jacobi_proactive import LeafBuffers, draw_leaves, judge_with_leaves, move_leaf_key
 from .jacobi_rows import RowLanes, raster_mask, row_lanes
 from .relaxation import group_mass, relax
 from .sampling import sample_from_probs
 from .step_graphs import SLOT_BUCKET, band_starts, band_window
+from .tree_attention import window_mask
 
 DRAWN_INITS = ("random", "sample_left")  # initialisations that draw fresh tokens (the repeat ones copy)
 
@@ -81,10 +83,21 @@ class JacobiShape:
         return self.window + self.lower * self.config.row_window
 
     @property
+    def tree_depth(self) -> int:
+        """Positions past the frontier with proactive candidates (0: proactive drafting off)."""
+        return 0 if self.config.proactive == 1 else min(self.config.proactive_depth, self.window)
+
+    @property
+    def leaves(self) -> int:
+        """Proactive drafting's extra candidates per image per forward (`jacobi_proactive.py`)."""
+        return self.config.leaves(self.window)
+
+    @property
     def queries(self) -> int:
-        """Tokens one forward feeds per image: the last emitted token, the W frontier drafts, and each lower
-        window's left neighbour and its drafts but the last (a query predicts the next position)."""
-        return self.window + 1 + self.lower * self.config.row_window
+        """Tokens one forward feeds per image: the last emitted token, the W frontier drafts, each lower
+        window's left neighbour and its drafts but the last (a query predicts the next position), and the
+        proactive leaves."""
+        return self.window + 1 + self.lower * self.config.row_window + self.leaves
 
     @property
     def horizon(self) -> int:
@@ -109,9 +122,9 @@ class JacobiShape:
     @property
     def noise_width(self) -> int:
         """Uniforms one iteration consumes: the refill's, the judge's W + 1, then with `row_commit` one per
-        lower-row draft (its acceptance test)."""
+        lower-row draft (its acceptance test), or one per proactive leaf (its test)."""
         lower = self.lower * self.config.row_window if self.row_commit else 0
-        return self.draft_noise + self.window + 1 + lower
+        return self.draft_noise + self.window + 1 + lower + self.leaves
 
     @property
     def images(self) -> int:
@@ -187,12 +200,13 @@ class JacobiState:
     uniforms: torch.Tensor  # (G, N, noise_width) per image, row t: iteration t's draft then judge (W + 1) uniforms
     iteration: torch.Tensor  # (G,) long iterations each image has taken (its row of `uniforms`)
     uniform_q: torch.Tensor  # (drafts, V) 1 / V, the random initialisation's law
-    gumbel: torch.Tensor | None  # (G, N + H, V) coupled drafting's per-position noise, drawn per image
+    gumbel: torch.Tensor | None  # (G, N + H, V) per-position noise of coupled drafts and proactive leaves, per image
     neighbors: torch.Tensor | None
     histogram: torch.Tensor  # (G, W + 1) long iterations by drafts accepted, per image
     absorbed: torch.Tensor  # (2,) relaxed / grouped mass: sum and max over accepted drafts
     relaxed: torch.Tensor  # () long
     rows: "RowState | None" = None  # row_commit only
+    tree: LeafBuffers | None = None  # proactive drafting only
     forwards_per_iteration: int = 0  # drafter forwards (none)
 
     @classmethod
@@ -202,7 +216,7 @@ class JacobiState:
         H = shape.horizon
         shape.far_starts  # noqa: B018 -- cached here, never first inside a compiled iteration (its lock)
         long = dict(dtype=torch.long, device=device)
-        coupled = shape.config.coupled and not shape.sampling.greedy
+        noisy = (shape.config.coupled or shape.leaves > 0) and not shape.sampling.greedy  # Gumbel-drawn drafts or leaves
         padded = N + 2 * H + 2 + shape.queries  # row_commit parks idle lanes' drafts past N + 2H
         return cls(
             cache=model.allocate_cache(shape.rows, shape.slots),
@@ -218,11 +232,12 @@ class JacobiState:
             drawn_at=torch.full((G, H + 1), -1, **long) if shape.config.continuation else None,
             uniforms=torch.full((G, N, shape.noise_width), 0.5, device=device),
             iteration=torch.zeros(G, **long), uniform_q=torch.full((shape.drafts, V), 1.0 / V, device=device),
-            gumbel=torch.zeros(G, N + H, V, device=device) if coupled else None,
+            gumbel=torch.zeros(G, N + H, V, device=device) if noisy else None,
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),
             histogram=torch.zeros(G, W + 1, **long), absorbed=torch.zeros(2, device=device),
             relaxed=torch.zeros((), **long),
-            rows=RowState.allocate(shape, V, padded, device) if shape.row_commit else None)
+            rows=RowState.allocate(shape, V, padded, device) if shape.row_commit else None,
+            tree=LeafBuffers.allocate(shape, G, device) if shape.leaves else None)
 
     def reset_counters(self) -> None:
         for t in (self.histogram, self.absorbed, self.relaxed):
@@ -264,7 +279,8 @@ class JacobiState:
             drawn_at=pick(self.drawn_at), uniforms=pick(self.uniforms), iteration=pick(self.iteration),
             uniform_q=self.uniform_q, gumbel=pick(self.gumbel), neighbors=self.neighbors,
             histogram=pick(self.histogram), absorbed=self.absorbed, relaxed=self.relaxed,
-            rows=None if self.rows is None else self.rows.select(keep, rows))
+            rows=None if self.rows is None else self.rows.select(keep, rows),
+            tree=None if self.tree is None else self.tree.select(keep))
 
     def release(self) -> None:
         self.cache.release()
@@ -297,7 +313,7 @@ def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions
     otherwise replaced by a draw from normalise(max(0, p - q)): either way the new draft is distributed as p."""
     if shape.sampling.greedy:
         return probs.argmax(-1)
-    if state.gumbel is not None:
+    if shape.config.coupled and state.gumbel is not None:
         index = positions.clamp(max=state.gumbel.shape[1] - 1)[..., None].expand(-1, -1, probs.shape[-1])
         return (probs.clamp(min=0).log() + state.gumbel.gather(1, index)).argmax(-1)
     G, D, V = probs.shape
@@ -393,6 +409,13 @@ def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor, lanes
     if state.drawn is not None:  # continuation: the law of each draft now in the canvas
         state.drawn.scatter_(1, ring[..., None].expand(-1, -1, V), q.expand(G, D, V))
         state.drawn_at.scatter_(1, ring, positions)
+    if state.tree is not None:  # proactive drafting: K - 1 more candidates from the first positions' laws
+        Dp = shape.tree_depth
+        noise = None
+        if state.gumbel is not None:
+            index = positions[:, :Dp].clamp(max=state.gumbel.shape[1] - 1)[..., None].expand(-1, -1, V)
+            noise = state.gumbel.gather(1, index)
+        state.tree.leaves.copy_(draw_leaves(shape, q[:, :Dp].expand(G, Dp, V), tokens[:, :Dp], noise))
     state.drafts.copy_(tokens[:, :W])
     state.q.copy_(q[:, :W].expand(G, W, V))
     state.proposed.copy_(known[:, :W])
@@ -490,13 +513,15 @@ def judge_run(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, uniforms: 
 
 
 def forward_window(model: ImageTransformer, state, feed: torch.Tensor, window: int | None = None,
-                   offsets: torch.Tensor | None = None, blocks: torch.Tensor | None = None) -> torch.Tensor:
+                   offsets: torch.Tensor | None = None, blocks: torch.Tensor | None = None,
+                   visible: torch.Tensor | None = None) -> torch.Tensor:
     """Feed tokens (n,) at the committed length of `state` (anything with `cache`, `key_valid` and an int or
     () device `length`), or per image (G, n) at per-row lengths (rows,); written, not committed, in the n
     slots past the committed length. Attends over `window` slots (default length + n, exact). Query i sits
     at position length + offsets[i] (default i) and, with `blocks` (n,) window ids, sees the committed keys
-    and the earlier keys of its own window only; by default every earlier key (causal). Returns logits
-    (rows, n, V)."""
+    and the earlier keys of its own window only; with `visible` (n, n) (per-row lengths only) the committed
+    keys and the scratch keys its row marks (a tree's ancestry); by default every earlier key (causal).
+    Returns logits (rows, n, V)."""
     rows, n = state.key_valid.shape[0], feed.shape[-1]
     window = state.length + n if window is None else window
     lanes = torch.arange(n, device=feed.device)
@@ -506,7 +531,10 @@ def forward_window(model: ImageTransformer, state, feed: torch.Tensor, window: i
     else:
         slots = state.length + lanes  # (n,)
         inputs = feed[None].expand(rows, -1)
-    mask = attention_mask(state.key_valid, slots, window)  # (rows, 1, n, window)
+    if visible is not None:
+        mask = window_mask(state.key_valid, state.length, visible, window)  # (rows, 1, n, window)
+    else:
+        mask = attention_mask(state.key_valid, slots, window)  # (rows, 1, n, window)
     positions = slots
     if offsets is not None:
         positions = slots - lanes + offsets
@@ -549,7 +577,15 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
     refill(ctx, state, uniforms[:, :shape.draft_noise])
     k = torch.arange(W + 1, device=done.device)
     cells = done[:, None] + k  # (G, W+1) the frontier's positions (emitted cells: <= a)
-    if shape.far_starts:  # 2-D: the lower rows' windows ride in the same forward
+    if state.tree is not None:  # proactive leaves after the chain (and the lower windows), seeing their ancestors
+        offsets = state.tree.offsets  # (Q,)
+        predicted = done[:, None] + offsets  # (G, Q)
+        Q0 = offsets.shape[0] - shape.leaves
+        feed = torch.cat([state.canvas.gather(1, predicted[:, :Q0] - 1), state.tree.leaves], 1)  # (G, Q)
+        logits = forward_window(model, state, feed, window, offsets, visible=state.tree.visible)
+        p_all = ctx.target(logits, predicted.clamp(max=N))  # (G, Q, V)
+        p = p_all[:, :W + 1]
+    elif shape.far_starts:  # 2-D: the lower rows' windows ride in the same forward
         offsets = query_offsets(shape, done.device)  # (Q,)
         predicted = done[:, None] + offsets  # (G, Q) the position each query predicts
         feed = state.canvas.gather(1, predicted - 1)  # (G, Q) each query reads the token before it
@@ -563,17 +599,29 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
         logits = forward_window(model, state, feed, window)  # (rows, W+1, V)
         p_all = p = ctx.target(logits, cells.clamp(max=N))  # (G, W+1, V)
     width = (N - done).clamp(min=0, max=W)  # (G,) active drafts: never past the last image token
-    verdict = judge_run(p, state.q, state.drafts, uniforms[:, shape.draft_noise:], width, shape.config, state.neighbors,
-                        state.proposed, shape.sampling.greedy)
+    chain = torch.cat([state.drafts, state.canvas.gather(1, cells[:, W:])], 1)  # (G, W+1) cell W keeps its draft
+    if state.tree is None:
+        verdict = judge_run(p, state.q, state.drafts, uniforms[:, shape.draft_noise:], width, shape.config,
+                            state.neighbors, state.proposed, shape.sampling.greedy)
+        gain = verdict.gain * active[:, None]
+    else:  # proactive leaves: the candidates of the first positions judged together, a passing leaf committed
+        Q0 = p_all.shape[1] - shape.leaves
+        verdict = judge_with_leaves(p, p_all[:, Q0:], state.q, state.drafts,
+                                    state.tree.leaves.view(done.shape[0], shape.tree_depth, -1),
+                                    uniforms[:, shape.draft_noise:], width, shape.sampling.greedy)
+        move_leaf_key(state.cache, state.length, verdict, Q0)
+        leaf_token = state.tree.leaves.gather(1, verdict.leaf.clamp(min=0)[:, None])  # (G, 1)
+        chain = torch.where((k == verdict.run[:, None]) & (verdict.leaf >= 0)[:, None], leaf_token, chain)
+        p_all, predicted = p_all[:, :Q0], predicted[:, :Q0]  # the leaves' predictions are not kept
+        gain = torch.zeros_like(p[:, :1, 0])  # exact rules only
     a = verdict.accepted
     count = a + 1  # (G,)
-    tail = state.canvas.gather(1, cells[:, W:])  # (G, 1) cell W keeps its own draft unless the bonus lands there
-    new = torch.where(k == a[:, None], verdict.token[:, None], torch.cat([state.drafts, tail], 1))
+    new = torch.where(k == a[:, None], verdict.token[:, None], chain)
     state.canvas.scatter_(1, cells, new)
     state.per_cell.scatter_(1, cells, count.to(torch.int32)[:, None].expand(-1, W + 1))
     keep_predictions(shape, state, p_all, predicted, width)
     # an image finishing now (or done before) keeps its length: its later writes stay inside the cache
-    _advance(state, a, active, verdict.gain * active[:, None], N)
+    _advance(state, a, active, gain, N)
 
 
 def _advance(state: JacobiState, a: torch.Tensor, active: torch.Tensor, gain: torch.Tensor, N: int) -> None:

@@ -54,6 +54,7 @@ class JacobiWidgets:
     row_causal: bool = False
     continuation: bool = False  # sjd only: SJD-PAC's adaptive continuation
     row_lead: int = 0  # sjd_2d_relaxed: columns the row above stays ahead of a committing row
+    proactive: int = 1  # sjd, sjd_coupled: proactive candidates per position (1 = off)
 
 
 def parse_custom_tree(text: str) -> TreeSpec:
@@ -107,7 +108,8 @@ def build_jacobi(mode: str, jacobi: JacobiWidgets, lantern_k: int, delta: float,
         else:
             grouping = Grouping(k=lantern_k, gap=jacobi.gsd_gap)
     for name, value, low, high in (("jacobi_rows", jacobi.rows, 0, 8), ("jacobi_row_window", jacobi.row_window, 1, 64),
-                                   ("jacobi_row_offset", jacobi.row_offset, -64, 64), ("row_lead", jacobi.row_lead, 0, 64)):
+                                   ("jacobi_row_offset", jacobi.row_offset, -64, 64), ("row_lead", jacobi.row_lead, 0, 64),
+                                   ("jacobi_proactive", jacobi.proactive, 1, 8)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ConfigError(name, f"an integer in {low}..{high}", value)
     if mode == "sjd_2d_relaxed":  # lower rows commit at their own fronts; jacobi_rows 1: an auto geometry
@@ -119,7 +121,8 @@ def build_jacobi(mode: str, jacobi: JacobiWidgets, lantern_k: int, delta: float,
                         relaxation=relaxation, grouping=grouping, rows=max(jacobi.rows, 1), auto_rows=jacobi.rows == 0,
                         row_window=jacobi.row_window,
                         row_offset=jacobi.row_offset, row_causal=bool(jacobi.row_causal),
-                        continuation=bool(jacobi.continuation) and mode == "sjd")
+                        continuation=bool(jacobi.continuation) and mode == "sjd",
+                        proactive=jacobi.proactive if mode in ("sjd", "sjd_coupled") else 1)
 
 
 @dataclass(frozen=True)

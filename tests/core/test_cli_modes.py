@@ -60,6 +60,9 @@ def test_every_mode_from_the_command_line(tmp_path):
     rows = json.loads(done.stdout)["stats"]
     assert "relaxed 2-D (lossy): 4 rows x w3 lead 1" in rows["tree"] and len(rows["row_commits"]) == 3
     assert 0 < rows["row_committed_share"] < 1 and "committed by lower rows" in done.stderr + done.stdout
+    done = run_cli(tmp_path, "--cls", "cat", "--decoding", "sjd_coupled", "--proactive", "4", *FAST, out="proactive")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "proactive 4 x depth 3" in json.loads(done.stdout)["stats"]["tree"]
 
 
 @pytest.fixture

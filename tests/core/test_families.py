@@ -145,7 +145,8 @@ def test_decoders_run_on_every_family(family, chameleon, janus):
     cond = enc.encode(["a cat", "a blue painting of the sky"])
     ar = generate(model, cond, greedy).tokens
     for config in (JacobiConfig(window=5), JacobiConfig(window=5, coupled=True),
-                   JacobiConfig(window=2, coupled=True, rows=2, row_window=2, row_offset=0)):  # lossless 2-D too
+                   JacobiConfig(window=2, coupled=True, rows=2, row_window=2, row_offset=0),  # lossless 2-D too
+                   JacobiConfig(window=3, coupled=True, proactive=3, proactive_depth=2)):  # and proactive leaves
         assert torch.equal(jacobi_generate(model, cond, greedy, config).tokens, ar), config.describe()
     relaxed = JacobiConfig(window=3, coupled=True, rows=3, row_window=2, row_commit=True, row_lead=0)
     rows = jacobi_generate(model, cond, greedy, relaxed).tokens  # relaxed 2-D: left padding stays invisible
@@ -156,7 +157,8 @@ def test_decoders_run_on_every_family(family, chameleon, janus):
     assert torch.equal(one_by_one, ar)
     sampling = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=20)
     gen = lambda seed: torch.Generator().manual_seed(seed)  # noqa: E731
-    for config in (JacobiConfig(window=4, coupled=True), JacobiConfig(window=4)):
+    for config in (JacobiConfig(window=4, coupled=True), JacobiConfig(window=4),
+                   JacobiConfig(window=4, proactive=3, proactive_depth=2)):
         a = jacobi_generate(model, cond, sampling, config, generator=gen(5)).tokens
         assert torch.equal(a, jacobi_generate(model, cond, sampling, config, generator=gen(5)).tokens)
         assert a.min() >= 0 and a.max() < IMAGE_CODES

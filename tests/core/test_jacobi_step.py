@@ -48,6 +48,13 @@ TWO_D = {  # 2-D drafting (no step-by-step oracle: checked against eager, compil
                                         row_commit=True, row_lead=0), SAMPLED, False),
     "relaxed_2d_row_causal_lantern_pp": (JacobiConfig(window=3, init="sample_left", rows=3, row_window=4, row_commit=True,
                                                       row_causal=True, relaxation=Relaxation(k=8, lam=6.0)), SAMPLED, True),
+    # proactive drafting: leaves at the frontier's first positions, a passing leaf's key moved into the chain
+    "proactive_coupled": (JacobiConfig(window=6, coupled=True, init="sample_left", proactive=3, proactive_depth=3),
+                          SAMPLED, False),
+    "proactive_continuation_2d_row_causal": (JacobiConfig(window=5, init="sample_left", continuation=True, rows=2,
+                                                          row_window=4, row_offset=-1, row_causal=True, proactive=4,
+                                                          proactive_depth=2), SAMPLED, False),
+    "proactive_greedy": (JacobiConfig(window=4, init="repeat_above", proactive=3, proactive_depth=2), GREEDY, False),
 }
 
 
@@ -100,7 +107,8 @@ def test_window_bands_cover_every_length():
 
 
 @pytest.mark.parametrize("name", ["lantern_delta", "sjd_repeat_above", "greedy", "sjd_2d_row_causal_repeat_above",
-                                  "relaxed_2d_row_causal_lantern_pp"])
+                                  "relaxed_2d_row_causal_lantern_pp", "proactive_continuation_2d_row_causal",
+                                  "proactive_greedy"])
 def test_replayed_iterations_over_window_bands_give_the_eager_tokens(wide, monkeypatch, name):
     model, table = wide
     use_stand_in_graphs(monkeypatch, step_graphs)
@@ -112,7 +120,7 @@ def test_replayed_iterations_over_window_bands_give_the_eager_tokens(wide, monke
 
 
 @pytest.mark.parametrize("name", ["lantern_delta", "sjd_repeat_above", "gsd", "coupled_2d_three_rows",
-                                  "relaxed_2d_coupled"])
+                                  "relaxed_2d_coupled", "proactive_coupled"])
 def test_iteration_compiles_fullgraph_and_decodes_without_recompiling(wide, monkeypatch, name):
     import torch._dynamo
 
@@ -130,7 +138,8 @@ def test_iteration_compiles_fullgraph_and_decodes_without_recompiling(wide, monk
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", ["lantern_delta", "sjd", "greedy", "coupled_2d_three_rows", "relaxed_2d_coupled"])
+@pytest.mark.parametrize("name", ["lantern_delta", "sjd", "greedy", "coupled_2d_three_rows", "relaxed_2d_coupled",
+                                  "proactive_coupled", "proactive_continuation_2d_row_causal"])
 def test_cuda_graph_iterations_equal_eager_and_are_reused(name, dtype):
     model = random_gpt(WIDE_C2I, seed=7, std=0.2).to("cuda", dtype)
     table = build_neighbors(torch.randn(WIDE_C2I.vocab_size, 3, generator=torch.Generator().manual_seed(2)), 8).cuda()

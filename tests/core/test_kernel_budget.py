@@ -48,6 +48,8 @@ MODE_BUDGETS = {
     "sjd w16 greedy": 80,
     "sjd continuation w16": 135,
     "sjd_coupled 2-D w15 + next row w16": 130,
+    "sjd_coupled proactive 4 x depth 3 w16": 255,  # 236 when set: the leaves' fused sibling judge is 99 of them
+    "sjd continuation proactive 4 x depth 3 w16": 280,  # 259 when set
     "sjd_coupled relaxed 2-D w8, 6 rows x w6 (lossy)": 250,  # 234 when set: row fronts 51, raster mask included
 }
 

@@ -152,6 +152,11 @@ def test_every_decoder_keeps_the_row_layout_and_greedy_modes_equal_ar(lumina):
             tokens = run(sampled, make_generators(5, 3, "cpu")).tokens
             assert layout_ok(config, tokens), name
             assert tokens.unique().numel() > 8, name
+        proactive = JacobiConfig(window=4, coupled=True, proactive=3, proactive_depth=2)
+        assert torch.equal(jacobi_generate(model, condition, greedy, proactive, make_generators(0, 3, "cpu")).tokens,
+                           base)  # leaves at an end-of-row position hold no mass and are never accepted
+        tokens = jacobi_generate(model, condition, sampled, proactive, make_generators(5, 3, "cpu")).tokens
+        assert layout_ok(config, tokens) and tokens.unique().numel() > 8
         rows = JacobiConfig(window=4, coupled=True, rows=3, row_window=3, row_commit=True, row_lead=0)
         for sampling in (greedy, sampled):  # relaxed 2-D: each row's end-of-row token is its last column
             tokens = jacobi_generate(model, condition, sampling, rows, make_generators(5, 3, "cpu")).tokens

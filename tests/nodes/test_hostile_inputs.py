@@ -185,6 +185,7 @@ CONFIG_CONTEXT = {
     "jacobi_row_window": ("sjd", {"mode": "sjd_coupled", "jacobi_rows": 2}),
     "jacobi_row_offset": ("sjd", {"mode": "sjd_coupled", "jacobi_rows": 2}),
     "jacobi_continuation": ("sjd", {"mode": "sjd"}),
+    "jacobi_proactive": ("sjd", {"mode": "sjd_coupled"}),
     "compile": ("base", {"mode": "ar"}),
 }
 IGNORED_TEXT = {("LanternConditioning", "prompt"), ("LanternGenerate", "prompt")}  # c2i models ignore the prompt
@@ -319,6 +320,10 @@ LIMIT_RUNS = [
                                            jacobi_row_window=64)}),
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd_2d_relaxed", jacobi_window=1, jacobi_rows=2, jacobi_row_window=1)}),
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd", jacobi_window=256, jacobi_continuation=True)}),
+    # proactive drafting at its widest (8 candidates) with the widest window, and on a one-token window
+    ("sjd", {"LanternDecodingConfig": dict(mode="sjd", jacobi_window=256, jacobi_continuation=True,
+                                           jacobi_proactive=8)}),
+    ("sjd", {"LanternDecodingConfig": dict(mode="sjd_coupled", jacobi_window=1, jacobi_rows=2, jacobi_proactive=8)}),
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd_coupled", jacobi_rows=0)}),  # the auto geometry
 ]
 

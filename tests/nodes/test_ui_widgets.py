@@ -17,8 +17,9 @@ EXPECTED = {  # (mode, tree, sjd_relaxation) -> the widgets shown besides mode a
     ("static_tree", "auto", "lantern_pp"): ["tree"],
     ("static_tree", "chain", "lantern_pp"): ["tree", "chain_length"],
     ("lantern_pp", "custom", "lantern_pp"): ["tree", "custom_tree", "lantern_k", "lam"],
-    ("sjd", "custom", "lantern_pp"): ["jacobi_window", "jacobi_init", "jacobi_rows", "jacobi_continuation"],
-    ("sjd_coupled", "auto", "lantern_pp"): ["jacobi_window", "jacobi_init", "jacobi_rows"],
+    ("sjd", "custom", "lantern_pp"): ["jacobi_window", "jacobi_init", "jacobi_rows", "jacobi_continuation",
+                                      "jacobi_proactive"],
+    ("sjd_coupled", "auto", "lantern_pp"): ["jacobi_window", "jacobi_init", "jacobi_rows", "jacobi_proactive"],
     ("sjd_relaxed", "auto", "lantern_pp"): ["lantern_k", "lam", "jacobi_window", "jacobi_init", "sjd_relaxation",
                                             "jacobi_rows"],
     ("sjd_relaxed", "auto", "gsd"): ["lantern_k", "jacobi_window", "jacobi_init", "sjd_relaxation", "gsd_gap",
@@ -100,5 +101,5 @@ def test_decoding_config_shows_only_the_widgets_its_mode_reads(server, vue_nodes
             assert set(label(visible & plain)) <= lines, (key, seen[key]["lines"])
             assert not set(label(plain - visible)) & lines, (key, seen[key]["lines"])
             assert seen[key]["rows"] == len(visible), (key, seen[key]["rows"])
-    assert len(saved["widgets_values"]) == 19 and saved["widgets_values"][0] == "ar"  # every value is kept
+    assert len(saved["widgets_values"]) == 20 and saved["widgets_values"][0] == "ar"  # every value is kept
     assert not errors, errors

@@ -19,8 +19,8 @@ const USES = {
   lantern: [...EAGLE, "lantern_k", "delta"],
   static_tree: ["tree"],
   lantern_pp: ["tree", "lantern_k", "lam"],
-  sjd: [...JACOBI, "jacobi_continuation"],
-  sjd_coupled: JACOBI,
+  sjd: [...JACOBI, "jacobi_continuation", "jacobi_proactive"],
+  sjd_coupled: [...JACOBI, "jacobi_proactive"],
   sjd_relaxed: [...JACOBI, "sjd_relaxation", "lantern_k"],
   sjd_2d_relaxed: [...JACOBI, "jacobi_row_window"], // rows at their own fronts: no fixed offset
 };
