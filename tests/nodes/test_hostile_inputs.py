@@ -324,7 +324,7 @@ LIMIT_RUNS = [
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd", jacobi_window=256, jacobi_continuation=True,
                                            jacobi_proactive=8)}),
     ("sjd", {"LanternDecodingConfig": dict(mode="sjd_coupled", jacobi_window=1, jacobi_rows=2, jacobi_proactive=8)}),
-    ("sjd", {"LanternDecodingConfig": dict(mode="sjd_coupled", jacobi_rows=0)}),  # the auto geometry
+    ("sjd", {"LanternDecodingConfig": dict(mode="sjd_coupled", jacobi_rows=0, jacobi_proactive=1)}),  # auto geometry
 ]
 
 
