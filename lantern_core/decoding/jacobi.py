@@ -153,10 +153,14 @@ class JacobiConfig:
             return max(1, min(self.max_window, stride - 1))
         return max(1, min(self.max_window, stride + self.column_offset))
 
+    def tree_depth(self, window: int) -> int:
+        """Positions past the frontier that carry proactive candidates with a frontier `window` (0: off)."""
+        return 0 if self.proactive == 1 else min(self.proactive_depth, window)
+
     def leaves(self, window: int) -> int:
         """Extra candidates proactive drafting adds to a forward with a frontier `window`: K - 1 at each of the
-        first min(proactive_depth, window) positions."""
-        return 0 if self.proactive == 1 else (self.proactive - 1) * min(self.proactive_depth, window)
+        `tree_depth` positions."""
+        return (self.proactive - 1) * self.tree_depth(window)
 
     @property
     def neighbor_k(self) -> int:

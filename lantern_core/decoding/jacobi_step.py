@@ -85,7 +85,7 @@ class JacobiShape:
     @property
     def tree_depth(self) -> int:
         """Positions past the frontier with proactive candidates (0: proactive drafting off)."""
-        return 0 if self.config.proactive == 1 else min(self.config.proactive_depth, self.window)
+        return self.config.tree_depth(self.window)
 
     @property
     def leaves(self) -> int:
@@ -314,8 +314,7 @@ def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions
     if shape.sampling.greedy:
         return probs.argmax(-1)
     if shape.config.coupled and state.gumbel is not None:
-        index = positions.clamp(max=state.gumbel.shape[1] - 1)[..., None].expand(-1, -1, probs.shape[-1])
-        return (probs.clamp(min=0).log() + state.gumbel.gather(1, index)).argmax(-1)
+        return (probs.clamp(min=0).log() + position_noise(state, positions)).argmax(-1)
     G, D, V = probs.shape
     if state.drawn is None:
         return sample_from_probs(probs.reshape(G * D, V), uniforms.reshape(-1)).view(G, D)
@@ -328,6 +327,12 @@ def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions
     source = torch.where(had[..., None], normalise((probs - law).clamp(min=0), probs), probs)
     fresh = sample_from_probs(source.reshape(G * D, V), uniforms[:, :D].reshape(-1)).view(G, D)
     return torch.where(keep, current, fresh)
+
+
+def position_noise(state: JacobiState, positions: torch.Tensor) -> torch.Tensor:
+    """(G, D, V) the per-image Gumbel rows of image positions (G, D) (past the table: its last row)."""
+    V = state.gumbel.shape[-1]
+    return state.gumbel.gather(1, positions.clamp(max=state.gumbel.shape[1] - 1)[..., None].expand(-1, -1, V))
 
 
 def draft_offsets(shape: JacobiShape, device: torch.device) -> torch.Tensor:
@@ -411,10 +416,7 @@ def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor, lanes
         state.drawn_at.scatter_(1, ring, positions)
     if state.tree is not None:  # proactive drafting: K - 1 more candidates from the first positions' laws
         Dp = shape.tree_depth
-        noise = None
-        if state.gumbel is not None:
-            index = positions[:, :Dp].clamp(max=state.gumbel.shape[1] - 1)[..., None].expand(-1, -1, V)
-            noise = state.gumbel.gather(1, index)
+        noise = None if state.gumbel is None else position_noise(state, positions[:, :Dp])
         state.tree.leaves.copy_(draw_leaves(shape, q[:, :Dp].expand(G, Dp, V), tokens[:, :Dp], noise))
     state.drafts.copy_(tokens[:, :W])
     state.q.copy_(q[:, :W].expand(G, W, V))

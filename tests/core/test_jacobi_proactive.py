@@ -12,8 +12,6 @@ leaves are accepted in real runs; a batch equals single runs with seed + i.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
@@ -27,22 +25,13 @@ from lantern_core.decoding.jacobi_step import JacobiShape
 from lantern_core.decoding.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
 from lantern_core.errors import ConfigError
+from tests.core.test_jacobi_2d import NOCFG_TOPP, TOPK2, Case, decode  # the 2-D suite's cases and decoder
 from tests.core.test_exactness_whole_images import (CFG2, FAIL, LABEL, PASS, law_for, models_for,  # noqa: F401
                                                     one_thread)  # the autouse fixture: one thread for tiny models
 from tests.tiny_models import TINY_C2I, random_gpt
 from tests.whole_image_law import pooled_pvalue
 
 
-@dataclass(frozen=True)
-class Case:
-    weights: str  # "A"/"B": 2x2 grid, 5 codes; "C": 3x3 grid, 3 codes
-    config: JacobiConfig
-    sampling: SamplingConfig
-    images: int
-
-
-TOPK2 = SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=2)
-NOCFG_TOPP = SamplingConfig(cfg_scale=1.0, temperature=1.0, top_p=0.9)
 CASES = {
     "sjd_2x2_cfg_random_k3_d2": Case("A", JacobiConfig(2, proactive=3, proactive_depth=2), CFG2, 3000),
     "coupled_2x2_cfg_k4_d3": Case("B", JacobiConfig(3, coupled=True, init="sample_left", proactive=4,
@@ -57,14 +46,6 @@ CASES = {
                                                               row_window=2, row_offset=-1, row_causal=True,
                                                               proactive=3, proactive_depth=2), CFG2, 2500),
 }
-
-
-@torch.no_grad()
-def decode(case: Case, labels: list[int] | None = None, seed: int = 321) -> torch.Tensor:
-    model = models_for(case.weights)[0]
-    labels = labels or [LABEL] * case.images
-    return jacobi_generate(model, Condition.classes(labels), case.sampling, case.config,
-                           make_generators(seed, len(labels)), compile="off").tokens
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
