@@ -92,7 +92,8 @@ def test_decoding_config_shows_only_the_widgets_its_mode_reads(server, vue_nodes
         ctx.close()
     assert sorted(reloaded["canvas"]) == sorted(ALWAYS + EXPECTED["sjd_coupled", "auto", "lantern_pp"]), reloaded
     if vue_nodes:
-        assert reloaded["rows"] == 5 and "jacobi_window" in reloaded["lines"] and "tree" not in reloaded["lines"], reloaded
+        shown = len(ALWAYS + EXPECTED["sjd_coupled", "auto", "lantern_pp"])  # 6: jacobi_proactive joined
+        assert reloaded["rows"] == shown and "jacobi_window" in reloaded["lines"] and "tree" not in reloaded["lines"], reloaded
     for key, shown in EXPECTED.items():
         visible = set(ALWAYS + shown)
         assert sorted(seen[key]["canvas"]) == sorted(visible), (key, seen[key])  # the canvas renderer's own test
