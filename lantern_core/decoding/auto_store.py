@@ -34,7 +34,7 @@ def device_name(device: torch.device) -> str:
     """What a cost curve depends on: the GPU's name, or the CPU's architecture and core count."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    if device.type == "cpu":  # (platform.processor() would run `uname -p`: no subprocess here)
+    if device.type == "cpu":  # (not platform.processor(): it would start `uname -p`)
         return f"cpu {platform.machine()} x{os.cpu_count()} threads {torch.get_num_threads()}"
     return device.type
 

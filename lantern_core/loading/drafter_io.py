@@ -183,7 +183,7 @@ def infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta
         return replace(config, prefix_states=prefix_convention(hf, config))
     except ConfigError as exc:
         raise CheckpointError(path, f"config.json's lantern.prefix_states to be one of {PREFIX_STATES}", str(exc),
-                              "see the README's section on prefix states") from exc
+                              "see docs/decoding_modes.md, section Prefix states") from exc
 
 
 def prefix_convention(hf: dict, config: DrafterConfig) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -466,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.argv = list(argv) if argv is not None else __import__("sys").argv[1:]
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_flush_denormal(True)  # denormal Adam moments slow CPU steps ~10x; process-wide, restored below
     try:

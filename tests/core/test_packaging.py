@@ -32,8 +32,10 @@ def test_requirements_match_dependencies_and_never_name_torch():
 def test_top_level_layout_and_quick_start():
     allowed = {"__init__.py", "nodes", "lantern_core", "web", "tests", "pyproject.toml", "README.md",
                "example_workflows", "docs", "Makefile", ".ci", "bench", ".gitignore", "requirements.txt",
-               "requirements-dev.txt", "requirements-host.txt", "SECURITY.md"}
-    tracked = {p.name for p in ROOT.iterdir() if not p.name.startswith(".") or p.name in (".ci", ".gitignore")}
+               "requirements-dev.txt", "requirements-host.txt", "requirements-registry.txt", "SECURITY.md",
+               "LICENSE", ".comfyignore"}
+    dotted = (".ci", ".gitignore", ".comfyignore")
+    tracked = {p.name for p in ROOT.iterdir() if not p.name.startswith(".") or p.name in dotted}
     tracked -= {".venv", ".host", "outputs"}
     assert tracked <= allowed, tracked - allowed
     readme = (ROOT / "README.md").read_text()
