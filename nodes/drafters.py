@@ -50,4 +50,8 @@ class LanternDrafterLoader(io.ComfyNode):
             raise LanternError(f"the embedded drafter only fits the embedded model, not '{model.name}': put the "
                                "drafter trained for it in models/lantern/drafters and choose it")
         path = paths.resolve("lantern_drafters", drafter)
-        return io.NodeOutput(runtime.load_drafter(path, model, drafter))
+        try:
+            return io.NodeOutput(runtime.load_drafter(path, model, drafter))
+        except LanternError as exc:  # e.g. config.json or the weights missing from the downloaded folder
+            paths.add_download_hint(exc, "lantern_drafters", drafter)
+            raise

@@ -6,7 +6,8 @@ from pathlib import Path
 from comfy_api.latest import io
 
 from . import paths, runtime
-from ..lantern_core.errors import shown
+from ..lantern_core.errors import LanternError, shown
+from ..lantern_core.loading.catalog import CHAMELEON_VQGAN, PublicFile
 from .types import LanternModelType
 
 DESCRIPTION = ("Loads a visual autoregressive model (LlamaGen c2i/t2i, Anole / Chameleon, Janus-Pro, or the "
@@ -18,6 +19,7 @@ DESCRIPTION = ("Loads a visual autoregressive model (LlamaGen c2i/t2i, Anole / C
 
 
 DTYPE_CHOICES = ["auto", *runtime.DTYPES]
+CHAMELEON_VQGAN_URL = PublicFile(*CHAMELEON_VQGAN, "lantern_vq", "vqgan.ckpt").url
 
 
 def resolve_family_vq(folder: Path, family: str, vq_tokenizer: str) -> Path | None:
@@ -31,9 +33,9 @@ def resolve_family_vq(folder: Path, family: str, vq_tokenizer: str) -> Path | No
             raise LanternError(f"Janus-Pro's image tokenizer is inside '{folder.name}': set vq_tokenizer to 'auto'")
         return paths.resolve("lantern_vq", vq_tokenizer)
     if family == "chameleon" and find_file(folder, VQGAN_NAMES) is None:
-        raise LanternError(f"'{folder.name}' has no Chameleon VQGAN: copy vqgan.ckpt (or vqgan.safetensors) from "
-                           "the model's download into the folder (or its tokenizer/ subfolder), or put it in "
-                           "models/lantern/vq and choose it in vq_tokenizer")
+        raise LanternError(f"'{folder.name}' has no Chameleon VQGAN: put vqgan.ckpt (or vqgan.safetensors) into the "
+                           "folder (or its tokenizer/ subfolder), or put it in models/lantern/vq and choose it in "
+                           f"vq_tokenizer. It is published at {CHAMELEON_VQGAN_URL}")
     return None
 
 
@@ -101,8 +103,22 @@ class LanternModelLoader(io.ComfyNode):
     @classmethod
     def execute(cls, checkpoint: str, vq_tokenizer: str, text_encoder: str, dtype: str) -> io.NodeOutput:
         gpt_path, vq_path, t5_path = resolve_files(checkpoint, vq_tokenizer, text_encoder)
-        if paths.family_folder(gpt_path) is not None:
-            model = runtime.load_family_model(gpt_path, vq_path, runtime.choose_dtype(dtype), name=checkpoint)
-        else:
-            model = runtime.load_model(gpt_path, vq_path, t5_path, runtime.choose_dtype(dtype), name=checkpoint)
+        try:
+            if paths.family_folder(gpt_path) is not None:
+                model = runtime.load_family_model(gpt_path, vq_path, runtime.choose_dtype(dtype), name=checkpoint)
+            else:
+                model = runtime.load_model(gpt_path, vq_path, t5_path, runtime.choose_dtype(dtype), name=checkpoint)
+        except LanternError as exc:  # e.g. a shard or config.json missing from a downloaded folder
+            paths.add_download_hint(exc, *culprit(exc, checkpoint, vq_tokenizer, text_encoder))
+            raise
         return io.NodeOutput(model)
+
+
+def culprit(exc: LanternError, checkpoint: str, vq_tokenizer: str, text_encoder: str) -> tuple[str, str]:
+    """(folder kind, choice) of the file a loading error is about: the text encoder's or VQ's when the message
+    names it, else the checkpoint's."""
+    message = str(exc)
+    for name, choice in (("lantern_text_encoders", text_encoder), ("lantern_vq", vq_tokenizer)):
+        if choice not in (paths.NONE, "auto") and choice.rstrip("/") in message:
+            return name, choice
+    return "lantern_checkpoints", checkpoint

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import folder_paths
 
+from ..lantern_core.loading.catalog import download_hint
 from ..lantern_core.loading.embedded import EMBEDDED_DRAFTER, EMBEDDED_GPT, EMBEDDED_NAME, EMBEDDED_VQ
-from ..lantern_core.errors import ConfigError, LanternError
+from ..lantern_core.errors import CheckpointError, ConfigError, LanternError
 from ..lantern_core.errors import shown
 
 # folder name (usable as a key in extra_model_paths.yaml) -> default location under models/
@@ -115,4 +116,24 @@ def resolve(name: str, choice: str) -> Path:
             continue
     roots = ", ".join(folder_paths.get_folder_paths(name))
     raise LanternError(f"'{choice[:200]}' was not found in the {name} folder(s) ({roots}). Put the file (or the "
-                       f"model folder with its config.json) there, or choose another entry.")
+                       f"model folder with its config.json) there, or choose another entry. "
+                       f"{where_to_get(name, choice)}".rstrip())
+
+
+def place(name: str) -> str:
+    """The folder a user puts `name`'s files in: its first configured location."""
+    return folder_paths.get_folder_paths(name)[0]
+
+
+def where_to_get(name: str, choice: str) -> str:
+    """Where a published model's files are downloaded from and where they go, or "" for a file we do not know."""
+    return download_hint(name, choice, place)
+
+
+def add_download_hint(exc: LanternError, name: str, choice: str) -> LanternError:
+    """`exc` with where_to_get appended to its message when it is about the files themselves (a CheckpointError:
+    a shard or config.json missing from a downloaded folder, a truncated or foreign file), not about a misfit."""
+    hint = where_to_get(name, choice)
+    if isinstance(exc, CheckpointError) and hint and hint not in str(exc):
+        exc.args = (f"{exc} {hint}",)
+    return exc

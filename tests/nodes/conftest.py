@@ -12,6 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 COMFY = REPO / ".host" / "ComfyUI"
+
 sys.path.insert(0, str(REPO / "tests" / "host"))
 
 
@@ -79,3 +80,29 @@ def server(tmp_path_factory):
     srv.start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server_new_frontend(tmp_path_factory):
+    """The same server serving frontend 1.58.1 (--front-end-root). Its console shows 404s for endpoints the
+    0.3.75 server lacks (the jobs API); the editor and the node pack's extensions work."""
+    import frontends
+    from comfy_server import ComfyServer
+
+    if not (frontends.NEW_ROOT / "index.html").is_file():
+        pytest.fail(f"frontend {frontends.NEW} is missing at {frontends.NEW_ROOT}: run `make host` (make test does it)")
+    base = tmp_path_factory.mktemp("comfy_base_new_frontend")
+    srv = ComfyServer(base, free_port(), extra_args=("--preview-method", "auto", "--front-end-root",
+                                                     str(frontends.NEW_ROOT)))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def frontend_server(request):
+    """The server for the test's `frontend` parameter: 1.32.9 (ComfyUI 0.3.75's own) or today's."""
+    import frontends
+
+    return request.getfixturevalue("server" if request.getfixturevalue("frontend") == frontends.SHIPPED
+                                   else "server_new_frontend")

@@ -1,6 +1,7 @@
-"""The web extension in a real browser: Debian's Chromium driven by Playwright against the real server.
-Loads the shipped example workflow into the editor, clicks Run like a user, and checks that the sampler
-node shows the stats text and a 16x16 heat map (rendered as text/DOM, never as HTML from the server)."""
+"""The web extension in a real browser: Debian's Chromium driven by Playwright against the real server, serving
+frontend 1.32.9 (ComfyUI 0.3.75's) or today's (`frontends.NEW`). Loads the shipped example workflow into the
+editor, clicks Run like a user, and checks that the sampler node shows the stats text and a 16x16 heat map
+(rendered as text/DOM, never as HTML from the server)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +9,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import frontends
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,10 +78,12 @@ def with_seed(workflow: dict, seed: int, class_name: str = "cat") -> dict:
 
 
 @pytest.mark.parametrize("vue_nodes", [False, True], ids=["litegraph-nodes", "vue-nodes"])
-def test_stats_panel_and_heat_map_render_after_run(server, vue_nodes):
+@pytest.mark.parametrize("frontend", frontends.ALL)
+def test_stats_panel_and_heat_map_render_after_run(frontend_server, frontend, vue_nodes):
     workflow = with_seed(json.loads((REPO / "example_workflows" / "lantern_embedded_model.json").read_text()),
-                         100 + int(vue_nodes))
-    info = run_in_browser(server, workflow, vue_nodes, f"ui_stats_heatmap_{'vue' if vue_nodes else 'litegraph'}.png")
+                         100 + int(vue_nodes) + 10 * frontends.ALL.index(frontend))
+    info = run_in_browser(frontend_server, workflow, vue_nodes,
+                          f"ui_stats_heatmap_{frontend}_{'vue' if vue_nodes else 'litegraph'}.png")
     assert info["saved"]["type"] == "output" and info["saved"]["filename"].endswith(".png")
     assert info["cells"] == 256, info
     assert "tok/s" in info["text"] and "256 forward passes" in info["text"] and "for: cat" in info["text"]
@@ -112,7 +116,8 @@ def test_speculative_workflows_show_their_tree_or_window_and_a_lit_heat_map(serv
 HOSTILE = ['<img src=x onerror="window.__pwned=1">', "<script>window.__pwned=1</script>", "<b>bold</b>"]
 
 
-def test_stats_panel_renders_hostile_strings_as_text_not_html(server):
+@pytest.mark.parametrize("frontend", frontends.ALL)
+def test_stats_panel_renders_hostile_strings_as_text_not_html(frontend_server, frontend):
     """Stats whose every shown field (names, prompts, numbers as strings) carries markup: the panel shows the
     markup literally, builds no img/script/b element, runs no handler, and the page reports no error."""
     hostile = "".join(HOSTILE)
@@ -121,6 +126,7 @@ def test_stats_panel_renders_hostile_strings_as_text_not_html(server):
     stats = {name: f"{name}={hostile}" for name in text_fields}
     stats.update(speculative=True, relaxed_tokens="3", acceptance_by_depth=[hostile, 0.5],
                  conditions=[f"condition={hostile}", *HOSTILE], heatmap=[[1, 2], [3, hostile]])
+    server = frontend_server
     server.post("/api/settings/Comfy.VueNodes.Enabled", False)
     errors = []
     with editor(server, errors) as (ctx, page):
@@ -143,7 +149,7 @@ def test_stats_panel_renders_hostile_strings_as_text_not_html(server):
                     lines: [...root.children].map(c => c.className)};
         }""")
         ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "ui_stats_hostile.png"))
+        page.screenshot(path=str(ARTIFACTS / f"ui_stats_hostile_{frontend}.png"))
         ctx.close()
     assert info["inDocument"], info
     assert {k: info[k] for k in ("made", "anywhere", "pwned")} == {"made": 0, "anywhere": 0, "pwned": "undefined"}
