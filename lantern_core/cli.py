@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cls", action="append", default=[], help="class name or index (c2i); repeat for a batch")
     g.add_argument("--batch", type=int, default=1, help="samples per class/prompt")
     g.add_argument("--grid-size", type=int, default=None, help="override the token grid side")
+    g.add_argument("--size", default=None, metavar="WxH",
+                   help="image width x height in pixels for a prompted family's folder: any of Lumina-mGPT's sizes "
+                        "(e.g. 1024x576); Anole and Janus-Pro only their own")
     g.add_argument("--n-head", type=int, default=None,
                    help="attention heads of a LlamaGen .pt trained with a non-standard head count (default: "
                         "from the file's saved args or LlamaGen's published widths; the stats' load notes say which)")
@@ -157,8 +160,11 @@ def load_target(args: argparse.Namespace, device: torch.device, dtype: torch.dty
 
         if not args.prompt:
             raise LanternError("a prompted model draws from prompts: pass at least one --prompt")
+        from .image_sizes import parse_size
+
+        size = None if args.size is None else parse_size(args.size, "--size")
         loaded = load_prompted(args.model, device=device, dtype=dtype, grid_size=args.grid_size, vq_dtype=torch.float32,
-                               vqgan=args.vqgan)
+                               vqgan=args.vqgan, image_size=size)
         if loaded.vq is None:
             raise LanternError(f"'{args.model}' has no image tokenizer: put Chameleon's vqgan.ckpt in the folder "
                                "or pass --vqgan FILE")
@@ -166,6 +172,9 @@ def load_target(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         image_ids = getattr(getattr(loaded.model, "image", None), "token_ids", None)  # Chameleon code -> token id
         return CliModel(loaded.model, loaded.config, loaded.vq.to(device), loaded.encoder.encode(prompts, device),
                         prompts, [f"loaded {loaded.source_format}"], None if image_ids is None else image_ids.cpu())
+    if args.size is not None:
+        raise ConfigError("--size", "a prompted family's folder (--model)", args.size,
+                          "LlamaGen draws the square its checkpoint was trained at: leave --size out")
     gpt = load_gpt(args.gpt, grid_size=args.grid_size, device=device, dtype=dtype, n_head=args.n_head)
     vq_path = args.vq or (EMBEDDED_VQ if Path(args.gpt).resolve() == EMBEDDED_GPT else None)
     if vq_path is None:

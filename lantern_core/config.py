@@ -27,11 +27,22 @@ def llamagen_ffn_dim(dim: int, multiple_of: int = 256) -> int:
     return find_multiple(int(2 * 4 * dim / 3), multiple_of)
 
 
+def check_grid_cols(owner: str, grid_cols: int, grid_size: int, rope_dims: int) -> None:
+    """`grid_cols` is 0 (square) or a positive width; a width other than the rows needs 1-D RoPE."""
+    if isinstance(grid_cols, bool) or not isinstance(grid_cols, int) or grid_cols < 0:
+        raise ConfigError(f"{owner}.grid_cols", "0 (a square grid) or the codes per row", grid_cols)
+    if grid_cols and grid_cols != grid_size and rope_dims == 2:
+        raise ConfigError(f"{owner}.grid_cols", f"{grid_size} (a square grid): 2-D RoPE models (LlamaGen) draw the "
+                          "square grid they were trained on", grid_cols)
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """Shape of a decoder-only image transformer on the shared block / KV-cache machinery.
 
-    `grid_size` is the side of the square token grid the model generates (16 for 256 px with VQ-16);
+    `grid_size` is the number of token rows the model generates, the side of a square grid (16 for 256 px
+    with VQ-16); `grid_cols` the codes per row of a grid that is not square (0: square; Lumina-mGPT's
+    aspect ratios: 1-D RoPE only, LlamaGen's 2-D RoPE table is square);
     `vocab_size` is the number of image codes the model samples from (the VQ codebook).
     `cls_token_num` is the conditioning prefix length (1 for c2i, 120 for t2i) or, for prompted
     families (`model_type="prompt"`: Chameleon/Anole/Lumina-mGPT, Janus-Pro), the longest prompt in
@@ -41,8 +52,8 @@ class GPTConfig:
     sub-layers), `rope_dims` (2 = LlamaGen's 2-D grid RoPE with a zero prefix, 1 = 1-D RoPE over cache
     slots), `text_vocab_size` (the language model's vocabulary, prompt tokens), `image_embed_dim` (Janus:
     the codebook embedding width; its aligner and generation head are `dim` wide), `row_end` (Lumina-mGPT:
-    every image row of `grid_size` codes is followed by a forced end-of-row token, image code
-    `vocab_size - 1`, so an image is grid_size * (grid_size + 1) tokens; see `layout.py`).
+    every image row of `cols` codes is followed by a forced end-of-row token, image code
+    `vocab_size - 1`, so an image is rows * (cols + 1) tokens; see `layout.py`).
     """
 
     dim: int = 768
@@ -65,10 +76,12 @@ class GPTConfig:
     rope_dims: int = 2
     image_embed_dim: int = 0
     row_end: bool = False
+    grid_cols: int = 0
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
+        check_grid_cols("GPTConfig", self.grid_cols, self.grid_size, self.rope_dims)
         if self.row_end and (self.family != "chameleon" or self.rope_dims != 1):
             raise ConfigError("GPTConfig.row_end", "only for Chameleon-family models with 1-D RoPE (Lumina-mGPT)",
                               f"family {self.family!r}, rope_dims {self.rope_dims}")
@@ -108,9 +121,19 @@ class GPTConfig:
         return self.dim // self.n_head
 
     @property
+    def cols(self) -> int:
+        """Codes per image row (grid_size for a square grid)."""
+        return self.grid_cols or self.grid_size
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        """(rows, cols) of the code grid, as the VQ decoder takes it."""
+        return self.grid_size, self.cols
+
+    @property
     def row_stride(self) -> int:
         """Tokens per image row: the codes, plus the end-of-row token when `row_end`."""
-        return self.grid_size + int(self.row_end)
+        return self.cols + int(self.row_end)
 
     @property
     def num_image_tokens(self) -> int:
@@ -119,7 +142,7 @@ class GPTConfig:
     @property
     def num_image_codes(self) -> int:
         """VQ codes of one image (the tokens without the end-of-row tokens)."""
-        return self.grid_size * self.grid_size
+        return self.grid_size * self.cols
 
     @property
     def max_seq_len(self) -> int:
@@ -129,8 +152,9 @@ class GPTConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def with_grid(self, grid_size: int) -> "GPTConfig":
-        return replace(self, grid_size=grid_size)
+    def with_grid(self, grid_size: int, grid_cols: int = 0) -> "GPTConfig":
+        """This shape drawing `grid_size` rows of `grid_cols` codes (0: a square grid)."""
+        return replace(self, grid_size=grid_size, grid_cols=0 if grid_cols == grid_size else grid_cols)
 
 
 # Published LlamaGen sizes (autoregressive/models/gpt.py): name -> (n_layer, n_head, dim).
@@ -289,10 +313,12 @@ class DrafterConfig:
     rope_dims: int = 2
     prefix_states: str = "native"
     embed_scale: float = 1.0
+    grid_cols: int = 0
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
+        check_grid_cols("DrafterConfig", self.grid_cols, self.grid_size, self.rope_dims)
         if isinstance(self.embed_scale, bool) or not isinstance(self.embed_scale, (int, float)) \
                 or not 1.0 <= self.embed_scale < float("inf"):
             raise ConfigError("DrafterConfig.embed_scale", "a finite number >= 1.0 (LANTERN's embed_upscale, "
@@ -321,7 +347,7 @@ class DrafterConfig:
         prompted = target.model_type == "prompt"
         return cls(dim=target.dim, n_head=target.n_head, n_kv_head=target.n_kv_head,
                    ffn_dim=ffn_dim or target.ffn_dim, vocab_size=target.vocab_size, grid_size=target.grid_size,
-                   cls_token_num=target.cls_token_num - 1, rope_base=target.rope_base,
+                   grid_cols=target.grid_cols, cls_token_num=target.cls_token_num - 1, rope_base=target.rope_base,
                    norm_eps=target.norm_eps if prompted else 1e-6, family=target.family, input_norm=prompted,
                    qk_norm=target.qk_norm, rope_dims=target.rope_dims)
 
@@ -338,13 +364,17 @@ class DrafterConfig:
                                    ("QK-norm", self.qk_norm, target.qk_norm),
                                    ("hidden size", self.dim, target.dim),
                                    ("vocabulary", self.vocab_size, target.vocab_size),
-                                   ("token grid", self.grid_size, target.grid_size),
+                                   ("token grid", "{}x{}".format(*self.grid_shape), "{}x{}".format(*target.grid_shape)),
                                    # 2-D RoPE ties grid coordinates to the prefix length; 1-D is relative
                                    ("prefix length + 1", self.cls_token_num + 1,
                                     target.cls_token_num if self.rope_dims == 2 else self.cls_token_num + 1)):
             if mine != theirs:
                 problems.append(f"{name} {mine} (target: {theirs})")
         return problems
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        return self.grid_size, self.grid_cols or self.grid_size
 
     def to_dict(self) -> dict:
         return asdict(self)

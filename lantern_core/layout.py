@@ -1,7 +1,7 @@
 """Image-token layouts with forced tokens: Lumina-mGPT ends every image row with an end-of-row token.
 
-For a model with `config.row_end`, image token i (0-based, over grid_size rows of grid_size + 1 tokens)
-is the end-of-row token when (i + 1) % (grid_size + 1) == 0; it is image code `vocab_size - 1` (the
+For a model with `config.row_end`, image token i (0-based, over grid_size rows of cols + 1 tokens)
+is the end-of-row token when (i + 1) % (cols + 1) == 0; it is image code `vocab_size - 1` (the
 Chameleon head keeps that vocabulary row too). `constrain` applies Lumina's rule to CFG-combined logits,
 as its reference generator does before top-k: at end-of-row positions every other token is impossible
 (the forced token has probability 1, so every decoder accepts it), elsewhere the end-of-row token is.
@@ -38,7 +38,7 @@ def constrain(config: GPTConfig, logits: torch.Tensor, index: torch.Tensor | int
 
 def image_codes(config: GPTConfig, tokens: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
     """Generated tokens (B, num_image_tokens) -> VQ codes (B, rows * cols) and the (rows, cols) grid."""
-    rows = cols = config.grid_size
+    rows, cols = config.grid_shape
     if not config.row_end:
         return tokens, (rows, cols)
     return tokens.reshape(tokens.shape[0], rows, config.row_stride)[:, :, :cols].reshape(tokens.shape[0], -1), \

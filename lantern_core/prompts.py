@@ -68,13 +68,15 @@ def lumina_size_token(pixels: int) -> str:
     return f"<reserved{8800 + pixels // 32:05d}>"
 
 
-def lumina_format(grid: int, patch: int = 16) -> PromptFormat:
-    """Lumina-mGPT's prompt for a grid x grid image of `patch`-pixel tokens (768 px: grid 48)."""
-    px = grid * patch
-    size = lumina_size_token(px)
-    template = f"Generate an image of {px}x{px} according to the following prompt:\n" + "{prompt}"
-    return PromptFormat(template=template, suffix=("<reserved08706>", "<racm3:break>", size, size),
-                        uncond="suffix", bos_token="<s>", uncond_suffix=("<racm3:break>", size, size))
+def lumina_format(grid: int, cols: int = 0, patch: int = 16) -> PromptFormat:
+    """Lumina-mGPT's prompt for an image of `grid` rows of `cols` (default: grid) `patch`-pixel tokens (768 px
+    square: grid 48): the text names the size as width x height, then the image start and the height's and
+    the width's size tokens, as Alpha-VLLM's item processor lays an image out."""
+    height, width = grid * patch, (cols or grid) * patch
+    sizes = (lumina_size_token(height), lumina_size_token(width))
+    template = f"Generate an image of {width}x{height} according to the following prompt:\n" + "{prompt}"
+    return PromptFormat(template=template, suffix=("<reserved08706>", "<racm3:break>", *sizes),
+                        uncond="suffix", bos_token="<s>", uncond_suffix=("<racm3:break>", *sizes))
 
 
 def load_tokenizer(path: str | Path):
@@ -117,11 +119,16 @@ class PromptEncoder:
 
     def __init__(self, tokenizer, fmt: PromptFormat, source: str | Path = "tokenizer.json"):
         self.tokenizer = tokenizer
+        self.source = source
         self.format = fmt
         self.suffix = [token_id(tokenizer, t, source) for t in fmt.suffix]
         self.uncond_suffix = [token_id(tokenizer, t, source) for t in fmt.uncond_suffix]
         self.bos_id = token_id(tokenizer, fmt.bos_token, source)
         self.pad_id = token_id(tokenizer, fmt.pad_token, source) if fmt.pad_token else 0
+
+    def with_format(self, fmt: PromptFormat) -> "PromptEncoder":
+        """The same tokenizer with another template (Lumina-mGPT's prompt for another image size)."""
+        return PromptEncoder(self.tokenizer, fmt, self.source)
 
     def token_ids(self, prompt: str) -> list[int]:
         """BOS + templated text + the suffix (ending with the image-start token)."""

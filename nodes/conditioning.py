@@ -6,11 +6,34 @@ import torch
 from comfy_api.latest import io
 
 from ..lantern_core.errors import ConfigError, LanternError
+from ..lantern_core.image_sizes import format_size, lumina_grid, lumina_sizes, parse_size
 
 from . import runtime
 from .types import LanternCond, LanternCondType, LanternModel, LanternModelType, expect_link
 
 MAX_CLASSES = 64  # entries per node: each becomes batch_size images
+AUTO = "auto"
+SIZES = [AUTO, *(format_size(size) for size in lumina_sizes(768))]  # Lumina-mGPT-7B-768's; the others: auto
+
+
+def native_size(model: LanternModel) -> str:
+    rows, cols = model.config.grid_shape
+    step = model.vq.model.config.downsample
+    return format_size((cols * step, rows * step))
+
+
+def choose_grid(model: LanternModel, image_size: str) -> tuple[int, int] | None:
+    """The (rows, cols) token grid for `image_size` ('WxH' pixels), None for the model's own. Lumina-mGPT
+    draws its sizes; every other model only the size its weights were trained at."""
+    if image_size == AUTO or image_size == native_size(model):
+        return None
+    size = parse_size(image_size)
+    if not model.config.row_end:
+        raise ConfigError("image_size", f"auto or {native_size(model)}: '{model.name}' draws the one size its "
+                          "weights were trained at", image_size, "choose auto (other sizes and aspect ratios: "
+                          "Lumina-mGPT)")
+    grid = lumina_grid(size)
+    return None if grid == model.config.grid_shape else grid
 
 
 def class_labels(model: LanternModel, text: str) -> tuple[list[int], list[str]]:
@@ -39,8 +62,11 @@ def class_labels(model: LanternModel, text: str) -> tuple[list[int], list[str]]:
     return labels, described
 
 
-def encode(model: LanternModel, class_text: str, prompt: str) -> LanternCond:
+def encode(model: LanternModel, class_text: str, prompt: str, image_size: str = AUTO) -> LanternCond:
     expect_link("model", model, LanternModel, "Lantern: Load Model")
+    grid = choose_grid(model, image_size)
+    if grid is not None:  # only Lumina-mGPT gets here: its prompt names the size
+        return encode_prompt(model, prompt, grid)
     if model.config.model_type == "c2i":
         labels, described = class_labels(model, class_text)
         return LanternCond(described, labels=torch.tensor(labels, dtype=torch.long))
@@ -58,14 +84,20 @@ def encode(model: LanternModel, class_text: str, prompt: str) -> LanternCond:
     return LanternCond([prompt], caption=cond.caption.cpu(), caption_mask=cond.caption_mask.cpu())
 
 
-def encode_prompt(model: LanternModel, prompt: str) -> LanternCond:
-    """Prompted families: the model's own tokenizer and template, with its unconditional (CFG) row."""
-    condition = model.prompt_encoder.encode([prompt])
+def encode_prompt(model: LanternModel, prompt: str, grid: tuple[int, int] | None = None) -> LanternCond:
+    """Prompted families: the model's own tokenizer and template, with its unconditional (CFG) row;
+    `grid` (rows, cols): Lumina-mGPT's template for that size instead of the loaded one."""
+    from ..lantern_core.prompts import lumina_format
+
+    if not prompt.strip():
+        raise LanternError(f"'{model.name}' is a text-to-image model: write a prompt")
+    encoder = model.prompt_encoder if grid is None else model.prompt_encoder.with_format(lumina_format(*grid))
+    condition = encoder.encode([prompt])
     limit = model.config.cls_token_num
     if condition.prompt_ids.shape[1] > limit:
         raise ConfigError("prompt", f"at most {limit} tokens with the {model.family} template",
                           f"{condition.prompt_ids.shape[1]} tokens", "shorten the prompt")
-    return LanternCond([prompt], prompt=condition)
+    return LanternCond([prompt], prompt=condition, grid=grid)
 
 
 def condition_inputs() -> list:
@@ -88,14 +120,19 @@ class LanternConditioning(io.ComfyNode):
             display_name="Lantern: Conditioning",
             category="LANTERN/conditioning",
             description="What to draw. Class-conditional models take class names or indices (comma-separated "
-                        "for several images); text-to-image models take the prompt.",
+                        "for several images); text-to-image models take the prompt. Lumina-mGPT also takes an "
+                        "image size and aspect ratio.",
             inputs=[
                 LanternModelType.Input("model", tooltip="From Lantern: Load Model."),
                 *condition_inputs(),
+                io.Combo.Input("image_size", options=SIZES, default=AUTO,
+                               tooltip="Width x height in pixels. Lumina-mGPT draws any of these sizes and aspect "
+                                       "ratios (its trained buckets); 'auto' is each model's own size (LlamaGen, "
+                                       "Anole and Janus-Pro draw only that one)."),
             ],
             outputs=[LanternCondType.Output(display_name="conditioning", tooltip="Feed into Lantern: Sampler.")],
         )
 
     @classmethod
-    def execute(cls, model: LanternModel, class_name: str, prompt: str) -> io.NodeOutput:
-        return io.NodeOutput(encode(model, class_name, prompt))
+    def execute(cls, model: LanternModel, class_name: str, prompt: str, image_size: str = AUTO) -> io.NodeOutput:
+        return io.NodeOutput(encode(model, class_name, prompt, image_size))

@@ -19,7 +19,8 @@ def decode(tokens: LanternTokens) -> torch.Tensor:
     vq = tokens.model.vq
     with runtime.run_scope():
         device = runtime.place([vq])
-        codes, grid = image_codes(tokens.model.config, tokens.tokens)  # drops Lumina's end-of-row tokens
+        config = tokens.model.config if tokens.grid is None else tokens.model.config.with_grid(*tokens.grid)
+        codes, grid = image_codes(config, tokens.tokens)  # drops Lumina's end-of-row tokens
 
         def finish(image: torch.Tensor) -> torch.Tensor:
             runtime.check_interrupt()

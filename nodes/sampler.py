@@ -63,9 +63,8 @@ def expand(cond: LanternCond, batch_size: int) -> tuple[Condition, list[str]]:
                      caption_mask=cond.caption_mask.repeat_interleave(batch_size, 0)), desc
 
 
-def _preview_decoder(model: LanternModel, device: torch.device):
-    config = model.config
-    side = config.grid_size
+def _preview_decoder(model: LanternModel, config, device: torch.device):
+    rows, cols = config.grid_shape
     size = runtime.preview_size()
 
     def preview(tokens: torch.Tensor, done: int):
@@ -75,8 +74,8 @@ def _preview_decoder(model: LanternModel, device: torch.device):
         done = done - done // config.row_stride if config.row_end else done  # codes done (no end-of-row tokens)
         codes[:, done:] = codes[:, max(done - 1, 0)]  # unfinished cells borrow the last code, then get greyed
         image = to_unit_range(decode_images(model.vq.model, codes.to(device), grid))[0]  # (H, W, 3)
-        rows_done = (done + side - 1) // side
-        pixels_per_row = image.shape[0] // side
+        rows_done = (done + cols - 1) // cols
+        pixels_per_row = image.shape[0] // rows
         image[rows_done * pixels_per_row:] = 0.5
         array = (image.cpu().numpy() * 255).round().clip(0, 255).astype("uint8")
         return ("JPEG", Image.fromarray(array), size)
@@ -128,30 +127,33 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
         patchers = [model.gpt, model.vq] if previews else [model.gpt]
         if speculative and not jacobi:
             patchers.insert(1, decoding.drafter.drafter)
-        memory = estimate_run_bytes(model.config, condition.batch, sampling.uses_cfg, model.dtype)
+        config = model.config if cond.grid is None else model.config.with_grid(*cond.grid)  # this run's grid
+        memory = estimate_run_bytes(config, condition.batch, sampling.uses_cfg, model.dtype)
         device = runtime.place(patchers, memory_required=memory)
+        # Lumina-mGPT at another size: a view of the placed weights with that grid, for this run only
+        gpt = model.gpt.model if cond.grid is None else model.gpt.model.with_grid(*cond.grid)
         condition = condition.to(device)
-        n_tokens = model.config.num_image_tokens
+        n_tokens = config.num_image_tokens
         on_step = runtime.progress_callback(n_tokens * (condition.batch if speculative else 1),
-                                            _preview_decoder(model, device) if previews else None,
-                                            preview_every=model.config.grid_size * max(1, model.config.grid_size // 8))
+                                            _preview_decoder(model, config, device) if previews else None,
+                                            preview_every=config.cols * max(1, config.grid_size // 8))
         generators = make_generators(seed, condition.batch, device)
         with step_graphs.reporting(runtime.progress_text()):  # a first Inductor compile says so on the node
-            result = _decode(model, decoding, condition, sampling, generators, neighbors, on_step)
+            result = _decode(gpt, decoding, condition, sampling, generators, neighbors, on_step)
     payload = stats_payload(result, decoding, descriptions)
-    return LanternTokens(result.tokens.cpu(), model, payload), payload
+    return LanternTokens(result.tokens.cpu(), model, payload, cond.grid), payload
 
 
-def _decode(model: LanternModel, decoding: LanternDecoding, condition, sampling: SamplingConfig, generators,
-            neighbors, on_step) -> GenerationResult:
-    """The decoder the settings name: a Jacobi window, a draft tree, or plain AR."""
+def _decode(gpt, decoding: LanternDecoding, condition, sampling: SamplingConfig, generators, neighbors,
+            on_step) -> GenerationResult:
+    """The decoder the settings name (a Jacobi window, a draft tree, or plain AR) on the target `gpt`."""
     if isinstance(decoding.spec, JacobiConfig):
-        return jacobi_generate(model.gpt.model, condition, sampling, decoding.spec, generators, neighbors, on_step,
+        return jacobi_generate(gpt, condition, sampling, decoding.spec, generators, neighbors, on_step,
                                compile=decoding.compile)
     if decoding.mode != "ar":
-        return speculative_generate(model.gpt.model, decoding.drafter.drafter.model, condition, sampling,
+        return speculative_generate(gpt, decoding.drafter.drafter.model, condition, sampling,
                                     decoding.spec, generators, neighbors, on_step, compile=decoding.compile)
-    return generate(model.gpt.model, condition, sampling, generators, on_step, compile=decoding.compile)
+    return generate(gpt, condition, sampling, generators, on_step, compile=decoding.compile)
 
 
 class LanternSampler(io.ComfyNode):

@@ -45,6 +45,7 @@ class LanternModel:
 
     @property
     def image_size(self) -> int:
+        """The image height in pixels at the model's own size."""
         return self.config.grid_size * self.vq.model.config.downsample
 
 
@@ -71,6 +72,7 @@ class LanternCond:
     caption: torch.Tensor | None = None  # (B, T, C)
     caption_mask: torch.Tensor | None = None  # (B, T)
     prompt: object | None = None  # lantern_core.conditioning.Condition with prompt_ids, prompted families
+    grid: tuple[int, int] | None = None  # (rows, cols) the prompt asks for (Lumina-mGPT's sizes); None: the model's
 
 
 @dataclass
@@ -109,3 +111,4 @@ class LanternTokens:
     tokens: torch.Tensor  # (B, N) long
     model: LanternModel
     stats: dict
+    grid: tuple[int, int] | None = None  # (rows, cols) they fill when not the model's own

@@ -66,11 +66,12 @@ class GenerationResult:
     tokens: torch.Tensor  # (B, N) long, raster order
     stats: GenerationStats
     accepted_per_cell: torch.Tensor  # (B, N) int: tokens accepted by the forward that produced each cell
+    rows: int = 0  # token rows of the grid (0: a square grid)
 
     def acceptance_grid(self, sample: int = 0) -> list[list[int]]:
         """The heat map of one sample as rows of the token grid (1 everywhere for plain AR)."""
-        side = int(round(self.tokens.shape[1] ** 0.5))
-        return self.accepted_per_cell[sample].reshape(side, -1).tolist()
+        rows = self.rows or int(round(self.tokens.shape[1] ** 0.5))
+        return self.accepted_per_cell[sample].reshape(rows, -1).tolist()
 
 
 def estimate_run_bytes(config, batch: int, guided: bool, dtype: torch.dtype) -> int:
@@ -168,4 +169,4 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
     stats = GenerationStats(batch=condition.batch, image_tokens=n_tokens, forward_passes=n_tokens,
                             wall_time_s=time.perf_counter() - start, prefill_time_s=prefill_time,
                             kv_cache_bytes=cache_bytes)
-    return GenerationResult(tokens, stats, torch.ones_like(tokens, dtype=torch.int32))
+    return GenerationResult(tokens, stats, torch.ones_like(tokens, dtype=torch.int32), model.config.grid_size)

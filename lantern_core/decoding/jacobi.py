@@ -243,7 +243,7 @@ def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: Sam
     _decode_batch(model, replace(config, window=window), request, sink)
     synchronize(device)
     stats = tally.to_stats(B, N, time.perf_counter() - start, config.describe(window) + note)
-    return GenerationResult(sink.tokens, stats, sink.per_cell)
+    return GenerationResult(sink.tokens, stats, sink.per_cell, model.config.grid_size)
 
 
 def jacobi_runner(model: ImageTransformer, shape: JacobiShape, dist: NodeDistributions,

@@ -572,7 +572,7 @@ def speculative_generate(model: ImageTransformer, drafter: EagleDrafter, conditi
     synchronize(device)
     stats = tally.to_stats(B, N, time.perf_counter() - start, tree_name)
     stats.drafter_prefix_states = drafter.config.prefix_states
-    return GenerationResult(sink.tokens, stats, sink.per_cell)
+    return GenerationResult(sink.tokens, stats, sink.per_cell, model.config.grid_size)
 
 
 def eager_tree_runner(model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape, plan: StaticPlan | None,

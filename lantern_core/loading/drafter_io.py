@@ -230,8 +230,8 @@ def _infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, met
                                           "num_attention_heads": heads, "num_key_value_heads": kv_heads})
         try:
             return DrafterConfig(dim=dim, n_head=heads, n_kv_head=kv_heads, ffn_dim=ffn, vocab_size=vocab,
-                                 grid_size=target.grid_size, cls_token_num=target.cls_token_num - 1,
-                                 rope_base=float(hf.get("rope_theta", 10000.0)),
+                                 grid_size=target.grid_size, grid_cols=target.grid_cols,
+                                 cls_token_num=target.cls_token_num - 1, rope_base=float(hf.get("rope_theta", 10000.0)),
                                  norm_eps=float(hf.get("rms_norm_eps", 1e-5)), bias=bool(hf.get("bias", True)),
                                  family="chameleon", input_norm=True, qk_norm=True, rope_dims=1,
                                  embed_scale=embed_scale(path, hf))

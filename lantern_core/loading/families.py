@@ -41,6 +41,7 @@ from ..errors import CheckpointError, ConfigError, shown
 from .family_io import chameleon_state, janus_state, taming_to_ours
 from ..models.prompted import PromptedImageLM
 from ..models.vq import VQModel
+from ..image_sizes import LUMINA_PATCH, format_size, lumina_grid
 from ..prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, chameleon_image_token_ids, load_tokenizer,
                       lumina_format, lumina_size_token, token_id)
 
@@ -185,14 +186,15 @@ def _decoder_shape(cfg: dict, where: str) -> dict:
     return shape
 
 
-def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = False) -> GPTConfig:
+def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = False, cols: int = 0) -> GPTConfig:
     """Anole / Chameleon; `row_end` (Lumina-mGPT) adds the end-of-row token as the last image code."""
     vq = section(cfg, "vq_config")
     codes = _positive(vq.get("num_embeddings", vq.get("n_embed", 8192)), "config.json vq_config.num_embeddings",
                       integer=True)
     return GPTConfig(**_decoder_shape(cfg, "config.json"), vocab_size=codes + int(row_end),
                      model_type="prompt", family="chameleon", qk_norm=True, swin_norm=bool(cfg.get("swin_norm")),
-                     rope_dims=1, grid_size=grid, cls_token_num=max_prompt, row_end=row_end)
+                     rope_dims=1, grid_size=grid, grid_cols=0 if cols == grid else cols, cls_token_num=max_prompt,
+                     row_end=row_end)
 
 
 def janus_config(cfg: dict, layout: str, grid: int, max_prompt: int) -> GPTConfig:
@@ -308,15 +310,30 @@ def _build_vq(path: Path, sd: dict[str, torch.Tensor], l2_norm: bool) -> VQModel
     return model.eval()
 
 
+def choose_grid(folder: Path, family: str, lumina: bool, native: int, size: tuple[int, int]) -> tuple[int, int]:
+    """(rows, cols) for an image of `size` (width, height) pixels: any Lumina-mGPT size in 32-pixel steps;
+    for the other families only their native square (`native` codes of 16 pixels per side)."""
+    if lumina:
+        return lumina_grid(size)
+    if size != (native * LUMINA_PATCH, native * LUMINA_PATCH):
+        name = {"chameleon": "Anole / Chameleon", "janus": "Janus-Pro"}[family]
+        raise ConfigError("image_size", f"{native * LUMINA_PATCH}x{native * LUMINA_PATCH}: {name} ('{folder.name}') "
+                          "draws the one size its weights were trained at", format_size(size),
+                          "choose auto (other sizes and aspect ratios: Lumina-mGPT)")
+    return native, native
+
+
 LUMINA_IDS = {LUMINA_ROW_END: 8803, "<reserved08706>": 8710, "<racm3:break>": 8197}  # as its generator hard-codes
 
 
-def check_lumina_ids(tokenizer, path: Path, grid: int) -> None:
+def check_lumina_ids(tokenizer, path: Path, grid: int, cols: int = 0) -> None:
     """Lumina's generator hard-codes token ids (end-of-row 8803, size 8804 + px / 32); we find them by name,
     so on the full 65,536-token vocabulary the names must land on those ids."""
     if tokenizer.get_vocab_size() < 65536:
         return  # a reduced vocabulary (tests): names only
-    expected = {**LUMINA_IDS, lumina_size_token(grid * 16): 8804 + grid * 16 // 32}
+    expected = dict(LUMINA_IDS)
+    for side in (grid, cols or grid):  # the height's and the width's size tokens
+        expected[lumina_size_token(side * 16)] = 8804 + side * 16 // 32
     for name, want in expected.items():
         found = tokenizer.token_to_id(name)
         if found != want:
@@ -327,10 +344,13 @@ def check_lumina_ids(tokenizer, path: Path, grid: int) -> None:
 
 def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                   grid_size: int | None = None, max_prompt_tokens: int = DEFAULT_MAX_PROMPT,
-                  vq_dtype: torch.dtype | None = None, vqgan: str | Path | None = None) -> LoadedPrompted:
+                  vq_dtype: torch.dtype | None = None, vqgan: str | Path | None = None,
+                  image_size: tuple[int, int] | None = None) -> LoadedPrompted:
     """Load a Chameleon / Janus-Pro folder strictly: model, prompt encoder and (when present) VQ decoder
     (in `vq_dtype`, default the model's dtype). `vqgan`: a Chameleon VQGAN file to use instead of the
-    folder's."""
+    folder's. `image_size` (width, height) in pixels: Lumina-mGPT draws any of its sizes
+    (`image_sizes.lumina_sizes`), the other families only the one their weights were trained at; None
+    keeps the default (or `grid_size` squares)."""
     folder = Path(folder)
     cfg = read_config(folder)
     family, layout = detect_family(folder, cfg)
@@ -344,7 +364,12 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     try:
         grid = (grid_size or (_janus_grid(cfg) if family == "janus" else None)
                 or DEFAULT_GRID["lumina" if lumina else family])
-        config = (chameleon_config(cfg, grid, max_prompt_tokens, row_end=lumina) if family == "chameleon"
+    except ConfigError as exc:
+        raise CheckpointError(folder / "config.json", "a consistent model configuration", str(exc), FIX) from exc
+    # a size the family cannot draw is the caller's parameter, not the file's fault: its ConfigError stands
+    grid, cols = (grid, grid) if image_size is None else choose_grid(folder, family, lumina, grid, image_size)
+    try:
+        config = (chameleon_config(cfg, grid, max_prompt_tokens, row_end=lumina, cols=cols) if family == "chameleon"
                   else janus_config(cfg, layout, grid, max_prompt_tokens))
         defaults = llama_defaults(section(cfg, "language_config")) if layout == "deepseek-janus" else {}
     except ConfigError as exc:
@@ -362,7 +387,7 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     if family == "chameleon":
         token_ids = chameleon_image_token_ids(tokenizer, config.vocab_size - int(lumina), tokenizer_path)
         if lumina:  # the end-of-row token is the last image code
-            check_lumina_ids(tokenizer, tokenizer_path, grid)
+            check_lumina_ids(tokenizer, tokenizer_path, grid, cols)
             row_end = torch.tensor([token_id(tokenizer, LUMINA_ROW_END, tokenizer_path)])
             token_ids = torch.cat([token_ids, row_end])
         sd = chameleon_state(folder, tensors, config, token_ids)
@@ -384,6 +409,6 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
         vq = vq.to(device=device, dtype=vq_dtype or dtype)
     for note in notes:
         log.info("%s: %s", folder.name, note)
-    fmt = lumina_format(config.grid_size) if lumina else FORMATS[family]
+    fmt = lumina_format(config.grid_size, config.cols) if lumina else FORMATS[family]
     encoder = PromptEncoder(tokenizer, fmt, tokenizer_path)
     return LoadedPrompted(model, config, layout, encoder, vq, vq_source, notes)

@@ -46,7 +46,9 @@ class EagleDrafter(Fp32Rope):
 
     @property
     def max_seq_len(self) -> int:
-        return self.config.cls_token_num + self.config.grid_size ** 2 + 1
+        """Prefix plus every image token, an end-of-row token per row included (Lumina-mGPT), plus one."""
+        rows, cols = self.config.grid_shape
+        return self.config.cls_token_num + rows * (cols + 1) + 1
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, step: ForwardStep,
                 embeddings: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,11 +14,14 @@ loops live in the decoders, not here.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import GPTConfig
+from ..errors import ConfigError
 from ..layout import constrain
 from .kv_cache import KVCache, attention_mask
 from .rope import apply_rope, build_rope_1d, build_rope_2d
@@ -235,6 +238,25 @@ class ImageTransformer(Fp32Rope):
         if c.rope_dims == 1:  # one row per cache slot (prompt + image), plus the spare rows
             return build_rope_1d(c.max_seq_len + ROPE_EXTRA_ROWS, c.head_dim, c.rope_base)
         return build_rope_2d(c.grid_size, c.head_dim, c.rope_base, c.cls_token_num, extra_rows=ROPE_EXTRA_ROWS)
+
+    def with_grid(self, rows: int, cols: int) -> "ImageTransformer":
+        """This model drawing `rows` x `cols` codes (Lumina-mGPT's sizes): a view sharing every parameter,
+        buffer and submodule (nothing is copied), with its own config and, when the image is longer than the
+        table, its own 1-D RoPE table. Make it after placing the model and use it for one run: a later
+        .to() moves the model's buffers, not the view's. 1-D RoPE models only (2-D RoPE ties the table to
+        the trained square grid)."""
+        config = self.config.with_grid(rows, cols)
+        if config == self.config:
+            return self
+        if config.rope_dims != 1:
+            raise ConfigError("image size", f"the {self.config.grid_size}x{self.config.grid_size} token grid this "
+                              "2-D RoPE model was trained on", f"{rows}x{cols} tokens", "choose auto")
+        view = copy.copy(self)  # a new __dict__ holding the same parameter, buffer and module dicts
+        view.__dict__["_buffers"] = dict(self._buffers)  # so the view's RoPE table is its own
+        view.config = config
+        if view.rope_table.shape[0] < config.max_seq_len + ROPE_EXTRA_ROWS:
+            view._buffers["rope_table"] = view._build_rope().to(self.rope_table.device)
+        return view
 
     def constrain_logits(self, logits: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
         """The family's forced-token layout (Lumina-mGPT's end-of-row tokens) on CFG-combined logits for

@@ -117,3 +117,28 @@ def test_prompted_families_from_their_folders(tmp_path):
         assert stats["conditions"] == ["a red cat", "a photo of the blue sky"] and stats["mode"] == "sjd_coupled"
     missing = run_cli(tmp_path, "--model", str(janus), out="none")
     assert missing.returncode == 2 and "--prompt" in missing.stderr
+
+
+def test_lumina_at_another_size_from_the_command_line(tmp_path):
+    """--size 96x64 on a Lumina-mGPT folder: an image 6 codes wide and 4 high (the tiny VQGAN's pixels per code);
+    the same size on an Anole folder, or --size with a LlamaGen file, is a usage error naming --size."""
+    from PIL import Image
+
+    from tests.tiny_families import save_chameleon_folder, save_chameleon_vqgan
+
+    lumina, anole = tmp_path / "lumina", tmp_path / "anole"
+    save_chameleon_folder(lumina, seed=7, lumina=True)
+    save_chameleon_vqgan(lumina / "vqgan.ckpt")
+    save_chameleon_folder(anole, seed=8)
+    save_chameleon_vqgan(anole / "vqgan.ckpt")
+    done = run_cli(tmp_path, "--model", str(lumina), "--prompt", "a red cat", "--size", "96x64", "--decoding",
+                   "sjd_coupled", "--window", "4", out="wide")
+    assert done.returncode == 0, done.stderr[-2000:]
+    stats = json.loads(done.stdout)["stats"]
+    assert stats["image_tokens"] == 4 * 7 and len(stats["heatmap"]) == 4
+    width, height = Image.open(tmp_path / "wide" / "lantern_00005.png").size
+    assert width * 4 == height * 6 and width > 0
+    refused = run_cli(tmp_path, "--model", str(anole), "--prompt", "a cat", "--size", "96x64", out="anole")
+    assert refused.returncode == 2 and "image_size" in refused.stderr and "Lumina-mGPT" in refused.stderr
+    llamagen = run_cli(tmp_path, "--cls", "cat", "--size", "96x64", out="llamagen")
+    assert llamagen.returncode == 2 and "--size" in llamagen.stderr

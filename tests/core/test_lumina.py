@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from lantern_core.config import SamplingConfig
+from lantern_core.errors import ConfigError
+from lantern_core.image_sizes import lumina_sizes
 from lantern_core.loading.families import is_lumina, load_prompted
+from lantern_core.prompts import lumina_format, lumina_size_token
 from lantern_core.decoding.generate import generate
 from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
 from lantern_core.layout import image_codes
@@ -79,26 +82,9 @@ def test_lumina_is_recognised_from_its_files_not_its_folder_name(tmp_path):
 
 
 def reference_greedy(reference, loaded, prompt: str, cfg: float) -> list[int]:
-    """Lumina's generator, step by step, on transformers' model: full forwards (no cache) of the
-    conditional and unconditional contexts, CFG on raw logits, then the row constraint."""
-    encoder = loaded.encoder
-    cond = encoder.token_ids(prompt)
-    uncond = encoder.uncond_ids(cond)
-    row_end = encoder.tokenizer.token_to_id("<reserved08799>")
-    image_ids = loaded.model.image.token_ids[:-1]
-    out: list[int] = []
-    for i in range(loaded.config.num_image_tokens):
-        with torch.no_grad():
-            logits = [reference.lm_head(reference.model(input_ids=torch.tensor([ctx + out])).last_hidden_state)[0, -1]
-                      for ctx in (cond, uncond)]
-        mixed = logits[1] + cfg * (logits[0] - logits[1])
-        if (i + 1) % (GRID + 1) == 0:
-            out.append(row_end)
-            continue
-        allowed = torch.full_like(mixed, float("-inf"))
-        allowed[image_ids] = 0
-        out.append(int((mixed + allowed).argmax()))
-    return out
+    """Lumina's generator, step by step, on transformers' model at the loaded size (lumina_reference_greedy)."""
+    return lumina_reference_greedy(reference, loaded.encoder, loaded.config, loaded.model.image.token_ids[:-1],
+                                   prompt, cfg)
 
 
 def test_greedy_lumina_image_equals_the_reference_generator(lumina):
@@ -113,6 +99,28 @@ def test_greedy_lumina_image_equals_the_reference_generator(lumina):
         assert len(set(expected)) > 4
 
 
+def lumina_reference_greedy(reference, encoder, config, image_ids, prompt: str, cfg: float) -> list[int]:
+    """Lumina's generator, step by step, on transformers' model: full forwards (no cache) of the conditional
+    and unconditional contexts, CFG on raw logits, then the row constraint (the row end after every
+    `config.cols` codes)."""
+    cond = encoder.token_ids(prompt)
+    uncond = encoder.uncond_ids(cond)
+    row_end = encoder.tokenizer.token_to_id("<reserved08799>")
+    out: list[int] = []
+    for i in range(config.num_image_tokens):
+        with torch.no_grad():
+            logits = [reference.lm_head(reference.model(input_ids=torch.tensor([ctx + out])).last_hidden_state)[0, -1]
+                      for ctx in (cond, uncond)]
+        mixed = logits[1] + cfg * (logits[0] - logits[1])
+        if (i + 1) % (config.cols + 1) == 0:
+            out.append(row_end)
+            continue
+        allowed = torch.full_like(mixed, float("-inf"))
+        allowed[image_ids] = 0
+        out.append(int((mixed + allowed).argmax()))
+    return out
+
+
 def layout_ok(config, tokens: torch.Tensor) -> bool:
     index = torch.arange(tokens.shape[1])
     row_end = (index + 1) % config.row_stride == 0
@@ -120,10 +128,15 @@ def layout_ok(config, tokens: torch.Tensor) -> bool:
     return bool((tokens[:, row_end] == eol).all() and (tokens[:, ~row_end] != eol).all())
 
 
-def test_every_decoder_keeps_the_row_layout_and_greedy_modes_equal_ar(lumina):
+@pytest.mark.parametrize("shape", [(GRID, GRID), (4, 6), (6, 2)], ids=["square", "wide", "tall"])
+def test_every_decoder_keeps_the_row_layout_and_greedy_modes_equal_ar(lumina, shape):
+    """On square and non-square grids (a view of the same weights: Lumina-mGPT's other sizes)."""
     _, _, loaded = lumina
-    model, config = loaded.model, loaded.config
-    condition = loaded.encoder.encode(["a red cat", "a photo of a dog on the grass", "the sky"])
+    model = loaded.model.with_grid(*shape)
+    config = model.config
+    assert config.grid_shape == shape and config.num_image_tokens == shape[0] * (shape[1] + 1)
+    encoder = loaded.encoder.with_format(lumina_format(*shape))
+    condition = encoder.encode(["a red cat", "a photo of a dog on the grass", "the sky"])
     drafter = EagleDrafter(DrafterConfig.for_target(config)).eval()
     drafter.init_from_target(model, torch.Generator().manual_seed(2), std=0.2)
     runs = {
@@ -162,9 +175,43 @@ def test_every_decoder_keeps_the_row_layout_and_greedy_modes_equal_ar(lumina):
             tokens = jacobi_generate(model, condition, sampling, rows, make_generators(5, 3, "cpu")).tokens
             assert layout_ok(config, tokens) and tokens.unique().numel() > 8
     codes, grid = image_codes(config, base)
-    assert grid == (GRID, GRID) and codes.shape == (3, GRID * GRID) and int(codes.max()) < IMAGE_CODES
-    assert loaded.vq.decode(codes, grid).shape == (3, 3, GRID * loaded.vq.config.downsample,
-                                                   GRID * loaded.vq.config.downsample)
+    assert grid == shape and codes.shape == (3, shape[0] * shape[1]) and int(codes.max()) < IMAGE_CODES
+    assert loaded.vq.decode(codes, grid).shape == (3, 3, shape[0] * loaded.vq.config.downsample,
+                                                   shape[1] * loaded.vq.config.downsample)
+    rows = generate(model, condition, greedy, make_generators(0, 3, "cpu")).acceptance_grid(0)
+    assert len(rows) == shape[0] and all(len(r) == shape[1] + 1 for r in rows)  # the heat map's rows
+
+
+def test_a_non_square_lumina_image_equals_the_reference_generator_at_that_size(lumina, tmp_path):
+    """Loaded at a wide size: the prompt names width x height and carries the height's and the width's size
+    tokens, rows close after `cols` codes, and greedy tokens equal Lumina's generator step by step (on a
+    vocabulary that holds those size tokens)."""
+    folder, reference, _ = lumina
+    loaded = load_prompted(folder, image_size=(96, 64), max_prompt_tokens=64)  # 4 rows of 6 codes
+    assert loaded.config.grid_shape == (4, 6) and loaded.model.config.row_stride == 7
+    fmt = loaded.encoder.format
+    assert fmt.template.startswith("Generate an image of 96x64 ")
+    assert fmt.suffix[-2:] == (lumina_size_token(64), lumina_size_token(96))  # height, then width
+    for prompt in ("a red cat", "a painting of the sky"):
+        condition = loaded.encoder.encode([prompt])
+        with torch.no_grad():
+            ours = generate(loaded.model, condition, SamplingConfig(cfg_scale=3.0, temperature=0.0),
+                            make_generators(0, 1, "cpu")).tokens[0]
+        expected = lumina_reference_greedy(reference, loaded.encoder, loaded.config,
+                                           loaded.model.image.token_ids[:-1], prompt, 3.0)
+        assert loaded.model.image.token_ids[ours].tolist() == expected
+    with pytest.raises(ConfigError, match="32-pixel steps"):
+        load_prompted(folder, image_size=(80, 64))
+    with pytest.raises(ConfigError, match="aspect ratio"):
+        load_prompted(folder, image_size=(320, 64))
+
+
+def test_lumina_sizes_follow_alpha_vllms_bucket_list():
+    sizes = lumina_sizes(768)
+    assert len(sizes) == 73 and sizes[0] == (1536, 384) and sizes[-1] == (384, 1536)
+    assert {(768, 768), (1024, 576), (576, 1024), (1408, 416)} <= set(sizes)
+    assert all(w % 32 == 0 and h % 32 == 0 and w * h <= 768 * 768 and max(w, h) <= 4 * min(w, h) for w, h in sizes)
+    assert len(lumina_sizes(512)) == 49 and (512, 512) in lumina_sizes(512)
 
 
 def test_full_vocabularies_must_put_luminas_tokens_at_its_hard_coded_ids(tmp_path):

@@ -154,3 +154,37 @@ def test_lumina_folder_draws_rows_with_end_tokens_and_decodes(node, folders):
     image = node["LanternDecode"].execute(tokens=tokens).args[0]
     side = 48 * model.vq.model.config.downsample
     assert image.shape == (1, side, side, 3)
+
+
+def test_lumina_draws_the_size_chosen_on_the_conditioning_node_and_other_families_refuse_theirs(node, pack, folders):
+    """image_size 1024x576 on Lumina-mGPT: 36 rows of 64 codes (+ end-of-row), the prompt with that size,
+    the stats heat map in those rows, an image 1024 wide and 576 high; the model's own size needs no
+    reload (the same weights). Janus-Pro draws only its 384x384 and says so."""
+    model = load(node, LUMINA)
+    cond = node["LanternConditioning"].execute(model=model, class_name="0", prompt="a red cat",
+                                               image_size="1024x576").args[0]
+    assert cond.grid == (36, 64)
+    dec = node["LanternDecodingConfig"].execute(mode="sjd_coupled", drafter=None, tree="auto", chain_length=4,
+                                                custom_tree="[[0]]", lantern_k=10, delta=0.1, lam=5.0,
+                                                eagle_depth=4, eagle_top_k=4, eagle_nodes=12).args[0]
+    out = node["LanternSampler"].execute(model=model, conditioning=cond, decoding=dec, cfg=3.0, temperature=1.0,
+                                         top_k=20, top_p=1.0, seed=4, batch_size=1)
+    tokens = out.args[0]
+    assert tokens.tokens.shape == (1, 36 * 65)
+    grid = tokens.tokens.view(36, 65)
+    row_end = model.config.vocab_size - 1
+    assert (grid[:, -1] == row_end).all() and (grid[:, :-1] != row_end).all()
+    heatmap = out.ui["lantern_stats"][0]["heatmap"]
+    assert len(heatmap) == 36 and {len(r) for r in heatmap} == {65}
+    image = node["LanternDecode"].execute(tokens=tokens).args[0]
+    step = model.vq.model.config.downsample  # 16 px per code for the real VQGAN, the tiny one's fewer
+    assert image.shape == (1, 36 * step, 64 * step, 3)
+    assert model.config.grid_shape == (48, 48)  # the loaded model is untouched
+    assert node["LanternConditioning"].execute(model=model, class_name="0", prompt="a red cat",
+                                               image_size="768x768").args[0].grid is None  # its own size
+    janus = load(node, JANUS)
+    with pytest.raises(pack.lantern_core.errors.ConfigError, match="draws the one size its weights were trained") \
+            as caught:
+        node["LanternConditioning"].execute(model=janus, class_name="0", prompt="a cat", image_size="768x768")
+    side = janus.config.grid_size * janus.vq.model.config.downsample
+    assert f"auto or {side}x{side}" in str(caught.value)

@@ -338,6 +338,9 @@ def limit_runs(object_info: dict) -> list[tuple[str, dict]]:
                  for option in combo_options(info[name])]
     drafters = combo_options(object_info["LanternDrafterLoader"]["input"]["required"]["drafter"])
     runs += [("pp", {"LanternDrafterLoader": {"drafter": option}}) for option in drafters]
+    # every image size on the embedded model: auto runs, every Lumina-mGPT size is refused (a pack error)
+    sizes = combo_options(object_info["LanternConditioning"]["input"]["required"]["image_size"])
+    runs += [("base", {"LanternConditioning": {"image_size": option}}) for option in sizes]
     return runs + LIMIT_RUNS
 
 

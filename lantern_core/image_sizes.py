@@ -1,0 +1,58 @@
+"""Image sizes: which (width, height) in pixels a model family draws, and the token grid each size gives.
+
+Lumina-mGPT draws the sizes of Alpha-VLLM's bucket list for its target size (768 for Lumina-mGPT-7B-768):
+widths and heights in 32-pixel steps on the staircase of largest areas within target², aspect ratio at
+most 4, as its item processor builds them; its prompt names the size, and two forced size tokens carry the
+height and width in 32-pixel steps (`prompts.lumina_format`). Each 16-pixel VQ code is one token, each row
+closed by an end-of-row token. LlamaGen, Anole and Janus-Pro draw the one size their weights were trained
+at (their grid comes from the files). This module only computes sizes; loaders and nodes apply them.
+"""
+from __future__ import annotations
+
+from .errors import ConfigError
+
+LUMINA_STEP = 32  # pixels per size-token step
+LUMINA_PATCH = 16  # pixels per VQ code (Chameleon's VQGAN)
+LUMINA_MAX_RATIO = 4.0
+
+
+def lumina_sizes(target: int = 768, max_ratio: float = LUMINA_MAX_RATIO) -> list[tuple[int, int]]:
+    """(width, height) pixel sizes Lumina-mGPT trained on for `target`, widest first.
+
+    Walks the boundary of {w * h <= (target / 32)^2} in 32-px steps from (all width, one step of height) down
+    to one step of width: at each point it grows the height while the area allows, else narrows by a step,
+    keeping every visited point whose aspect ratio is within `max_ratio`."""
+    budget = (target // LUMINA_STEP) ** 2
+    sizes, wide, high = [], budget, 1
+    while wide > 0:
+        if max(wide, high) <= max_ratio * min(wide, high):
+            sizes.append((wide * LUMINA_STEP, high * LUMINA_STEP))
+        if (high + 1) * wide <= budget:
+            high += 1
+        else:
+            wide -= 1
+    return sizes
+
+
+def parse_size(text: str, name: str = "image_size") -> tuple[int, int]:
+    """'768x512' (width x height, pixels) -> (768, 512)."""
+    parts = str(text).lower().replace(" ", "").split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ConfigError(name, "a size as WIDTHxHEIGHT in pixels, e.g. 768x768", text)
+    return int(parts[0]), int(parts[1])
+
+
+def format_size(size: tuple[int, int]) -> str:
+    return f"{size[0]}x{size[1]}"
+
+
+def lumina_grid(size: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) pixels -> (rows, cols) of Lumina-mGPT's code grid, checking the 32-pixel steps."""
+    width, height = size
+    if width % LUMINA_STEP or height % LUMINA_STEP:
+        raise ConfigError("image_size", f"a width and height in {LUMINA_STEP}-pixel steps for Lumina-mGPT (its size "
+                          "tokens count them)", format_size(size), "choose one of the listed sizes")
+    if max(width, height) > LUMINA_MAX_RATIO * min(width, height):
+        raise ConfigError("image_size", f"an aspect ratio of at most {LUMINA_MAX_RATIO:g}:1 for Lumina-mGPT",
+                          format_size(size), "choose one of the listed sizes")
+    return height // LUMINA_PATCH, width // LUMINA_PATCH
