@@ -179,6 +179,9 @@ def test_lumina_draws_the_size_chosen_on_the_conditioning_node_and_other_familie
     image = node["LanternDecode"].execute(tokens=tokens).args[0]
     step = model.vq.model.config.downsample  # 16 px per code for the real VQGAN, the tiny one's fewer
     assert image.shape == (1, 36 * step, 64 * step, 3)
+    preview = pack.nodes.sampler._preview_decoder(model, model.config.with_grid(36, 64), torch.device("cpu"))
+    _, picture, _ = preview(tokens.tokens, 65 * 10 + 3)  # ten rows and three codes done
+    assert picture.size == (64 * step, 36 * step)  # the live preview is the wide image, its lower rows greyed
     assert model.config.grid_shape == (48, 48)  # the loaded model is untouched
     assert node["LanternConditioning"].execute(model=model, class_name="0", prompt="a red cat",
                                                image_size="768x768").args[0].grid is None  # its own size
