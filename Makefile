@@ -7,6 +7,7 @@ HOST_STAMP := .host/.installed
 REGISTRY := .host/registry
 REGISTRY_STAMP := $(REGISTRY)/.installed
 FRONTEND_NEW := 1.58.1
+FRONTEND_STAMP := .host/frontend-$(FRONTEND_NEW)/.installed
 COMFY := .host/ComfyUI
 DEMO_OUT ?= outputs/demo
 
@@ -23,10 +24,12 @@ $(STAMP): requirements.txt requirements-dev.txt
 $(HOST_STAMP): $(STAMP) requirements-host.txt tests/host/install_comfyui.py
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-host.txt
 	$(PY) tests/host/install_comfyui.py $(COMFY)
+	mkdir -p .host && touch $(HOST_STAMP)
+$(FRONTEND_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --upgrade \
 	    --target .host/frontend-$(FRONTEND_NEW) comfyui-frontend-package==$(FRONTEND_NEW)
-	mkdir -p .host && touch $(HOST_STAMP)
-host: $(HOST_STAMP)
+	touch $(FRONTEND_STAMP)
+host: $(HOST_STAMP) $(FRONTEND_STAMP)
 
 ## The Comfy Registry's tools (comfy-cli, ruff) in their own venv.
 $(REGISTRY_STAMP): requirements-registry.txt
@@ -53,7 +56,7 @@ cli-demo: $(STAMP)
 	$(PY) -m lantern_core generate --cls astronaut --cls cat --cls rocket --cls coffee --seed 0 --out $(DEMO_OUT)
 
 ## The whole test suite (CPU): core library, nodes in a real ComfyUI, the web UI in Chromium.
-test: $(HOST_STAMP) $(REGISTRY_STAMP) browser
+test: $(HOST_STAMP) $(FRONTEND_STAMP) $(REGISTRY_STAMP) browser
 	$(PY) -m pytest -q tests
 
 ## The long reliability run -> bench/results/soak_cpu.{json,md} and fuzz_loaders.json: 300 generations through a
