@@ -89,8 +89,12 @@ def test_a_missing_published_file_is_named_with_where_to_get_it(node, pack):
                                      dtype="auto")
     assert "https://huggingface.co/FoundationVision/LlamaGen/resolve/main/c2i_XL_384.pt" in message, message
     assert pack.nodes.paths.place("lantern_checkpoints") in message
-    message = node["LanternDrafterLoader"].validate_inputs(drafter="anole_drafter/")
-    assert "https://huggingface.co/jadohu/anole_drafter" in message, message
+    import folder_paths
+
+    absent = "llamagen2_drafter/"  # a published drafter no test writes into the shared folders
+    assert not any((Path(root) / absent).exists() for root in folder_paths.get_folder_paths("lantern_drafters"))
+    message = node["LanternDrafterLoader"].validate_inputs(drafter=absent)
+    assert isinstance(message, str) and "https://huggingface.co/jadohu/llamagen2_drafter" in message, message
     unknown = loader.validate_inputs(checkpoint="my_own.pt", vq_tokenizer="auto", text_encoder="none", dtype="auto")
     assert "was not found" in unknown and "huggingface" not in unknown  # no made-up source for unknown files
 
