@@ -81,7 +81,8 @@ serve: $(HOST_STAMP)
 ## Jacobi, 128 images per row, interleaved; then images/s of every mode next to AR at batch 1, 4 and 8;
 ## then the Anole / Lumina-mGPT / Janus-Pro shapes, tiny and random; then what feeding a drafter LANTERN's
 ## HF-port caption states costs on a GPT-B-shaped t2i target; then batch-invariant decoding, one image per
-## VQ decoder call, next to one batched call).
+## VQ decoder call, next to one batched call; then int8 / fp8 weights: bytes, teacher-forced fidelity on real
+## images' tokens and image quality -> quantization_cpu.{json,md}).
 bench: $(STAMP)
 	$(PY) -m lantern_core.benchmarks.decode_counts --dtype bfloat16 --out bench/results
 	$(PY) -m lantern_core.benchmarks.ar --out bench/results
@@ -90,6 +91,7 @@ bench: $(STAMP)
 	$(PY) -m lantern_core.benchmarks.families --out bench/results
 	$(PY) -m lantern_core.benchmarks.prefix_states --grid 8 --repeats 2 --out bench/results
 	$(PY) -m lantern_core.benchmarks.decode --repeats 3 --llamagen-batches 1 4 --out bench/results
+	$(PY) -m lantern_core.benchmarks.quantization --out bench/results
 
 ## The GPU variant (one H200: about 9 minutes) -> bench/results/{decode_counts,ar,iteration_cost,speculative,batched,families,prefix_states,decode}_cuda_bfloat16.*:
 ## AR with and without captured CUDA graphs (embedded, GPT-B, GPT-XL, a 7B shape), one iteration of every decoding

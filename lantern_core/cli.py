@@ -31,6 +31,7 @@ from .images import save_png, to_unit_range
 from .models.vq import decode_images
 from .decoding.sampling import make_generators
 from .decoding.step_graphs import COMPILE_CHOICES
+from .models.quantized import WEIGHT_CHOICES
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -61,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     g.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    g.add_argument("--weights", default="none", choices=WEIGHT_CHOICES,
+                   help="weight-only quantization of the target's blocks at load (int8 or fp8, per-channel scales); "
+                        "embeddings, norms, head and drafter stay in --dtype")
     g.add_argument("--out", type=Path, default=Path("outputs"), help="folder for the PNGs")
     g.add_argument("--json", action="store_true", help="print stats as JSON")
     g.add_argument("--model", type=Path, default=None,
@@ -164,7 +168,7 @@ def load_target(args: argparse.Namespace, device: torch.device, dtype: torch.dty
 
         size = None if args.size is None else parse_size(args.size, "--size")
         loaded = load_prompted(args.model, device=device, dtype=dtype, grid_size=args.grid_size, vq_dtype=torch.float32,
-                               vqgan=args.vqgan, image_size=size)
+                               vqgan=args.vqgan, image_size=size, weights=args.weights)
         if loaded.vq is None:
             raise LanternError(f"'{args.model}' has no image tokenizer: put Chameleon's vqgan.ckpt in the folder "
                                "or pass --vqgan FILE")
@@ -175,7 +179,8 @@ def load_target(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     if args.size is not None:
         raise ConfigError("--size", "a prompted family's folder (--model)", args.size,
                           "LlamaGen draws the square its checkpoint was trained at: leave --size out")
-    gpt = load_gpt(args.gpt, grid_size=args.grid_size, device=device, dtype=dtype, n_head=args.n_head)
+    gpt = load_gpt(args.gpt, grid_size=args.grid_size, device=device, dtype=dtype, n_head=args.n_head,
+                   weights=args.weights)
     vq_path = args.vq or (EMBEDDED_VQ if Path(args.gpt).resolve() == EMBEDDED_GPT else None)
     if vq_path is None:
         raise LanternError("--vq is required with a non-embedded GPT: pass the VQ tokenizer file "

@@ -10,6 +10,7 @@ import logging
 import threading
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -24,11 +25,30 @@ from ..lantern_core.decoding import step_graphs
 from ..lantern_core.loading.checkpoints import load_gpt, load_vq
 
 from ..lantern_core.errors import check_choice
+from ..lantern_core.models.quantized import WEIGHT_CHOICES
 from .types import LanternDrafter, LanternModel, target_key
 
 log = logging.getLogger("lantern.nodes")
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a target's weights are held: the compute dtype, and "none", "int8" or "fp8" for the blocks' linears."""
+
+    dtype: torch.dtype
+    weights: str = "none"
+
+    def __post_init__(self):
+        check_weights(self.weights)
+
+
+def check_weights(choice: str) -> str:
+    check_choice("weights", choice, WEIGHT_CHOICES)
+    return choice
+
+
 _REGISTRY: "weakref.WeakValueDictionary[tuple, LanternModel]" = weakref.WeakValueDictionary()
 _REGISTRY_LOCK = threading.Lock()
 
@@ -70,16 +90,17 @@ def _patcher(module: torch.nn.Module) -> comfy.model_patcher.ModelPatcher:
     return patcher
 
 
-def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, dtype: torch.dtype,
+def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, precision: Precision,
                name: str) -> LanternModel:
     """Load (or reuse) a model. Identical loads share one copy; weights wait on the offload device."""
-    key = (str(gpt_path), str(vq_path), str(text_encoder_path), str(dtype))
+    dtype = precision.dtype
+    key = (str(gpt_path), str(vq_path), str(text_encoder_path), str(dtype), precision.weights)
     with _REGISTRY_LOCK:
         cached = _REGISTRY.get(key)
         if cached is not None:
             return cached
         offload = mm.unet_offload_device()
-        gpt = load_gpt(gpt_path, device=offload, dtype=dtype)
+        gpt = load_gpt(gpt_path, device=offload, dtype=dtype, weights=precision.weights)
         vq = load_vq(vq_path, device=offload, dtype=torch.float32)  # small; fp32 keeps decodes exact
         encoder = tokenizer = None
         if gpt.config.model_type == "t2i":
@@ -98,18 +119,20 @@ def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, dt
         return handle
 
 
-def load_family_model(folder: Path, vq_path: Path | None, dtype: torch.dtype, name: str) -> LanternModel:
+def load_family_model(folder: Path, vq_path: Path | None, precision: Precision, name: str) -> LanternModel:
     """Load (or reuse) a prompted-family folder (Anole / Chameleon, Janus-Pro): model, its tokenizer and
     template, and its image tokenizer (from the folder, or a Chameleon VQGAN file from models/lantern/vq)."""
     from ..lantern_core.loading.families import load_prompted
 
-    key = ("family", str(folder), str(vq_path), str(dtype))
+    dtype = precision.dtype
+    key = ("family", str(folder), str(vq_path), str(dtype), precision.weights)
     with _REGISTRY_LOCK:
         cached = _REGISTRY.get(key)
         if cached is not None:
             return cached
         offload = mm.unet_offload_device()
-        loaded = load_prompted(folder, device=offload, dtype=dtype, vq_dtype=torch.float32, vqgan=vq_path)
+        loaded = load_prompted(folder, device=offload, dtype=dtype, vq_dtype=torch.float32, vqgan=vq_path,
+                               weights=precision.weights)
         vq = loaded.vq
         from ..lantern_core.errors import LanternError
 

@@ -18,9 +18,11 @@ from pathlib import Path
 import torch
 
 from .checkpoint_io import RawCheckpoint, read_checkpoint, read_json_object
+from .quantized_io import cast_for_load, finite, quantized_layers, rename_scales
 from ..config import GPT_PRESETS, HEADS_BY_DIM, GPTConfig, VQConfig
 from ..errors import CheckpointError, ConfigError
 from ..models.gpt import LlamaGenGPT
+from ..models.quantized import prepare_quantized, quantize_blocks, resident_bytes, scheme_named, weights_scheme
 from ..models.vq import VQModel
 
 log = logging.getLogger(__name__)
@@ -342,7 +344,7 @@ def check_values(path: Path, expected: dict[str, torch.Tensor], sd: dict[str, to
                               f"{len(dtypes)} tensors of the wrong dtype (e.g. {dtypes[:2]})",
                               "the file is not a weights file of this model or was converted wrongly: use the "
                               "original checkpoint")
-    bad = [k for k in sorted(sd) if sd[k].is_floating_point() and not bool(torch.isfinite(sd[k]).all())]
+    bad = [k for k in sorted(sd) if sd[k].is_floating_point() and not finite(sd[k])]
     if bad:
         raise CheckpointError(path, "finite weights", f"NaN or Inf values in {len(bad)} tensors (e.g. {bad[:3]})",
                               "the file is corrupt (or was saved from a diverged training run): download it "
@@ -350,10 +352,12 @@ def check_values(path: Path, expected: dict[str, torch.Tensor], sd: dict[str, to
 
 
 def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.device | str = "cpu",
-             dtype: torch.dtype = torch.float32, n_head: int | None = None) -> LoadedGPT:
+             dtype: torch.dtype = torch.float32, n_head: int | None = None, weights: str = "none") -> LoadedGPT:
     """Load a LlamaGen GPT from a file or an HF folder, inferring its config (`n_head` overrides the inferred
-    head count of a file without a stored config; the load notes say which rule gave it). Raises
-    CheckpointError."""
+    head count of a file without a stored config; the load notes say which rule gave it). `weights` "int8" /
+    "fp8" quantizes the blocks' linear layers after the strict load, on the host, before the model moves to
+    `device`; an already-quantized file keeps its own format. Raises CheckpointError."""
+    scheme = scheme_named(weights)
     path = Path(path)
     notes: list[str] = []
     hf_config: dict = {}
@@ -362,7 +366,7 @@ def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.devic
         raw = RawCheckpoint(path, tensors)
     else:
         raw = read_checkpoint(path)
-    tensors = strip_prefixes(raw.tensors)
+    tensors = rename_scales(strip_prefixes(raw.tensors))
     kind = detect_kind(tensors)
     if kind == "hf-llama":
         tensors = hf_to_llamagen(path, tensors)
@@ -384,10 +388,20 @@ def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.devic
         raise CheckpointError(path, "the saved buffer cls_embedding.uncond_embedding", "no such tensor",
                               "this checkpoint lacks the unconditional caption embedding; re-download it")
     check_layer_count(path, config, tensors, GPT_FIX)
+    stored = quantized_layers(path, tensors)
     model = build_on_meta(LlamaGenGPT, config, path, GPT_FIX)
-    load_state_strict(model, {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},
-                      path, GPT_FIX, assign=True)
+    prepare_quantized(model, stored, dtype)
+    load_state_strict(model, cast_for_load(tensors, dtype), path, GPT_FIX, assign=True)
+    tensors = None  # the model holds the weights now: drop ours so quantizing frees each layer's original
+    raw.tensors.clear()
     model.rope_table = model._build_rope()
+    if stored:
+        source += f"[{weights_scheme(model)}]"
+        if scheme is None or scheme.name != weights_scheme(model):
+            notes.append(f"the file holds {weights_scheme(model)} weights: loaded as they are")
+    elif scheme is not None:
+        model = quantize_blocks(model, scheme)
+        notes.append(f"blocks quantized to {scheme.name} at load ({resident_bytes(model) / 2**20:.1f} MiB of weights)")
     for note in notes:
         log.info("%s: %s", path.name, note)
     model = model.to(device=device, dtype=dtype).eval()
@@ -419,7 +433,7 @@ def load_vq(path: str | Path, device: torch.device | str = "cpu", dtype: torch.d
     """Load a LlamaGen VQ tokenizer (VQ-16 / VQ-8 layouts, any width), strictly. Raises CheckpointError."""
     path = Path(path)
     raw = read_checkpoint(path)
-    tensors = strip_prefixes(raw.tensors)
+    tensors = rename_scales(strip_prefixes(raw.tensors))
     kind = detect_kind(tensors)
     if kind != "vq":
         raise CheckpointError(path, "a VQ tokenizer (encoder.*, decoder.*, quantize.embedding.weight)",

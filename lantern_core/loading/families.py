@@ -41,6 +41,7 @@ from ..errors import CheckpointError, ConfigError, shown
 from .family_io import chameleon_state, janus_state, taming_to_ours
 from ..models.prompted import PromptedImageLM
 from ..models.vq import VQModel
+from ..models.quantized import quantize_blocks, resident_bytes, scheme_named
 from ..image_sizes import LUMINA_PATCH, format_size, lumina_grid
 from ..prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, chameleon_image_token_ids, load_tokenizer,
                       lumina_format, lumina_size_token, token_id)
@@ -345,12 +346,14 @@ def check_lumina_ids(tokenizer, path: Path, grid: int, cols: int = 0) -> None:
 def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                   grid_size: int | None = None, max_prompt_tokens: int = DEFAULT_MAX_PROMPT,
                   vq_dtype: torch.dtype | None = None, vqgan: str | Path | None = None,
-                  image_size: tuple[int, int] | None = None) -> LoadedPrompted:
+                  image_size: tuple[int, int] | None = None, weights: str = "none") -> LoadedPrompted:
     """Load a Chameleon / Janus-Pro folder strictly: model, prompt encoder and (when present) VQ decoder
     (in `vq_dtype`, default the model's dtype). `vqgan`: a Chameleon VQGAN file to use instead of the
     folder's. `image_size` (width, height) in pixels: Lumina-mGPT draws any of its sizes
     (`image_sizes.lumina_sizes`), the other families only the one their weights were trained at; None
-    keeps the default (or `grid_size` squares)."""
+    keeps the default (or `grid_size` squares). `weights` "int8" / "fp8" quantizes the blocks' linear layers
+    on the host after the strict load (`models/quantized.py`)."""
+    scheme = scheme_named(weights)
     folder = Path(folder)
     cfg = read_config(folder)
     family, layout = detect_family(folder, cfg)
@@ -404,6 +407,10 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     load_state_strict(model, {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}, folder, FIX,
                       assign=True)
     model.rope_table = model._build_rope()
+    sd = tensors = None  # the model holds the weights: quantizing frees each layer's original
+    if scheme is not None:
+        model = quantize_blocks(model, scheme)
+        notes.append(f"blocks quantized to {scheme.name} at load ({resident_bytes(model) / 2**20:.1f} MiB of weights)")
     model = model.to(device=device, dtype=dtype).eval()
     if vq is not None:
         vq = vq.to(device=device, dtype=vq_dtype or dtype)

@@ -63,18 +63,22 @@ class FeedForward(nn.Module):
 
 
 def _split_w13(module: FeedForward, state: dict, prefix: str, local_metadata) -> None:
-    """state_dict(): `w13.weight` -> LlamaGen's `w1.weight` and `w3.weight` (views, no copy)."""
-    w13 = state.pop(prefix + "w13.weight", None)
-    if w13 is not None:
-        state[prefix + "w1.weight"], state[prefix + "w3.weight"] = w13.split(module.hidden, dim=0)
+    """state_dict(): `w13.weight` -> LlamaGen's `w1.weight` and `w3.weight` (views, no copy); a quantized
+    layer's `w13.scale` likewise -> `w1.scale` and `w3.scale`."""
+    for suffix in ("weight", "scale"):
+        w13 = state.pop(prefix + "w13." + suffix, None)
+        if w13 is not None:
+            state[prefix + "w1." + suffix], state[prefix + "w3." + suffix] = w13.split(module.hidden, dim=0)
 
 
 def _join_w13(module: FeedForward, state: dict, prefix: str, *args) -> None:
-    """load_state_dict(): LlamaGen's `w1.weight` and `w3.weight` -> `w13.weight`. With only one of them the keys
-    stay as they are, so the strict load names what is missing."""
-    w1, w3 = prefix + "w1.weight", prefix + "w3.weight"
-    if w1 in state and w3 in state and state[w1].shape == state[w3].shape and state[w1].dim() == 2:
-        state[prefix + "w13.weight"] = torch.cat([state.pop(w1), state.pop(w3)], dim=0)
+    """load_state_dict(): LlamaGen's `w1.weight` and `w3.weight` -> `w13.weight` (and a quantized file's
+    `w1.scale`, `w3.scale` -> `w13.scale`). With only one of a pair the keys stay as they are, so the strict
+    load names what is missing."""
+    for suffix, dims in (("weight", 2), ("scale", 1)):
+        w1, w3 = prefix + "w1." + suffix, prefix + "w3." + suffix
+        if w1 in state and w3 in state and state[w1].shape == state[w3].shape and state[w1].dim() == dims:
+            state[prefix + "w13." + suffix] = torch.cat([state.pop(w1), state.pop(w3)], dim=0)
 
 
 class HeadLayerNorm(nn.Module):

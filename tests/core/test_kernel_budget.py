@@ -77,6 +77,21 @@ def test_an_ar_step_stays_within_its_kernel_budget(dtype):
     assert count.rng_kernels == 0 and not count.stray_factories
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_a_quantized_ar_step_adds_two_kernels_per_linear_and_stays_capturable(fmt):
+    """Eagerly a quantized linear is convert + GEMM + scale (a compiled step fuses the convert into the GEMM):
+    4 linears per block, 2 kernels more each; nothing read from the host, nothing made off the device."""
+    from lantern_core.models.quantized import quantize_blocks, scheme_named
+
+    plain = decode_counts.count_ar(narrow_gpt_b(torch.bfloat16), SAMPLED, "GPT-B", torch.device("cpu"))
+    model = quantize_blocks(narrow_gpt_b(torch.bfloat16), scheme_named(fmt))
+    count = decode_counts.count_ar(model, SAMPLED, "GPT-B", torch.device("cpu"))
+    assert count.per_layer == plain.per_layer + 8, (count.parts, plain.parts)
+    assert count.kernels - count.parts["target layers"] == plain.kernels - plain.parts["target layers"]
+    assert count.host_reads_in_step == 0 and count.host_reads_per_iteration == 0
+    assert count.rng_kernels == 0 and not count.stray_factories
+
+
 def test_a_kernel_count_depends_on_the_code_not_the_width():
     """Why the benchmark may count published depths on narrow layers."""
     narrow = decode_counts.count_ar(narrow_gpt_b(torch.float32, 64), SAMPLED, "narrow", torch.device("cpu"))

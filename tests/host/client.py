@@ -32,8 +32,11 @@ async def run_prompt_async(base: str, prompt: dict, on_message=None, timeout: fl
         start = time.perf_counter()
         async with session.post(f"{base}/prompt", json={"prompt": prompt, "client_id": client_id}) as resp:
             body = await resp.json()
-            if resp.status != 200:
-                raise ValueError(f"POST /prompt -> {resp.status}: {json.dumps(body)[:3000]}")
+            if resp.status != 200:  # the failing nodes' types first: the body can be long (paths, download hints)
+                failing = sorted({str(e.get("class_type")) for e in (body.get("node_errors") or {}).values()
+                                  if isinstance(e, dict)}) if isinstance(body, dict) else []
+                raise ValueError(f"POST /prompt -> {resp.status}: node_errors in {failing}: "
+                                 f"{json.dumps(body)[:3000]}")
         prompt_id = body["prompt_id"]
         result = RunResult(prompt_id, "running")
         deadline = time.monotonic() + timeout

@@ -41,6 +41,27 @@ def test_loader_lists_the_embedded_model_first_and_shares_identical_loads(pack, 
     assert model.gpt is not model.vq  # separate ModelPatchers
 
 
+@pytest.mark.parametrize("weights", ["int8", "fp8"])
+def test_loader_quantizes_the_blocks_and_the_sampler_draws_with_them(pack, node, model, weights):
+    """`weights` quantizes the target's blocks at load (a load of its own, shared by identical loads); the
+    drafter loader and the sampler work with it, and a choice the node does not list is refused up front."""
+    loader = node["LanternModelLoader"]
+    kwargs = dict(checkpoint=pack.nodes.paths.EMBEDDED, vq_tokenizer="auto", text_encoder="none", dtype="fp32")
+    quantized = loader.execute(**kwargs, weights=weights).args[0]
+    assert quantized is not model and loader.execute(**kwargs, weights=weights).args[0] is quantized
+    gpt = quantized.gpt.model
+    assert gpt.layers[0].feed_forward.w13.weight.dtype == {"int8": torch.int8, "fp8": torch.float8_e4m3fn}[weights]
+    assert gpt.output.weight.dtype == torch.float32  # the image head keeps the compute dtype
+    assert quantized.gpt.model_size() < model.gpt.model_size() * 0.5  # ComfyUI's placement sees the smaller size
+    drafter = node["LanternDrafterLoader"].execute(model=quantized, drafter=pack.nodes.paths.EMBEDDED).args[0]
+    decoding = node["LanternDecodingConfig"].execute(
+        mode="lantern", drafter=drafter, tree="auto", chain_length=4, custom_tree="[[0], [1], [0, 0]]", lantern_k=10,
+        delta=0.1, lam=5.0, eagle_depth=4, eagle_top_k=4, eagle_nodes=12).args[0]
+    tokens, text = run_sampler(node, quantized, seed=3, decoding=decoding).args
+    assert tokens.tokens.shape == (1, 256) and "forward passes" in text
+    assert "int4" in loader.validate_inputs(**kwargs, weights="int4")
+
+
 def test_loader_errors_name_the_folder(pack, node):
     from lantern_pack.lantern_core.errors import LanternError
 

@@ -330,12 +330,15 @@ LIMIT_RUNS = [
 
 def limit_runs(object_info: dict) -> list[tuple[str, dict]]:
     """LIMIT_RUNS plus, for the file lists (whatever the server lists) and dtype, one model-loader-only run
-    per option; the drafter list's options each run in the LANTERN++ graph."""
+    per option; each weight format in a whole generation; the drafter list's options each run in the
+    LANTERN++ graph."""
     info = object_info["LanternModelLoader"]["input"]["required"]
     runs = [("loader", {"LanternModelLoader": {"dtype": dtype}}) for dtype in combo_options(info["dtype"])]
     for name in ("checkpoint", "vq_tokenizer", "text_encoder"):
         runs += [("loader", {"LanternModelLoader": {name: option, "dtype": "fp32"}})
                  for option in combo_options(info[name])]
+    # every weight format through a whole generation (the embedded model quantized at load)
+    runs += [("base", {"LanternModelLoader": {"weights": option}}) for option in combo_options(info["weights"])]
     drafters = combo_options(object_info["LanternDrafterLoader"]["input"]["required"]["drafter"])
     runs += [("pp", {"LanternDrafterLoader": {"drafter": option}}) for option in drafters]
     # every image size on the embedded model: auto runs, every Lumina-mGPT size is refused (a pack error)

@@ -1,0 +1,166 @@
+"""Weight-only quantization of the transformer blocks' linear layers: int8 and fp8 (e4m3).
+
+Each output channel (row of the (out, in) weight) gets one scale, symmetric around zero: int8 holds
+round(w / s) with s = max|w_row| / 127, fp8 holds w / s rounded to e4m3 with s = max|w_row| / 448. The
+forward is `linear(x, q.to(x.dtype)) * s`: the per-row scale factors out of the GEMM, so the eager path is
+dequantize-then-GEMM (two extra elementwise kernels per linear: the convert and the scale) and a compiled
+step fuses the convert into the GEMM's prologue (gpt-fast's weight-only int8). Scales are held in the compute
+dtype (they are rounded to it before the weights are quantized against them, so the dequantized weight is
+q * s exactly in that dtype).
+
+What is quantized: `wqkv`, `wo`, `w13`, `w2` of every `TransformerBlock` (about 97 % of a 7B target's bytes).
+Embeddings, norms, the image head and the drafter stay in the compute dtype. This module does not load
+files (`loading/checkpoints.py` reads quantized tensors strictly) and picks no device.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+LINEARS = (("attention", "wqkv"), ("attention", "wo"), ("feed_forward", "w13"), ("feed_forward", "w2"))
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One weight format: its name, the dtype the weights are stored in and the largest magnitude it holds."""
+
+    name: str
+    storage: torch.dtype
+    qmax: float
+
+
+SCHEMES = {
+    "int8": Scheme("int8", torch.int8, 127.0),
+    "fp8": Scheme("fp8", torch.float8_e4m3fn, 448.0),
+}
+WEIGHT_CHOICES = ("none", *SCHEMES)
+
+
+def scheme_named(name: str) -> Scheme | None:
+    """The scheme for a `weights` choice ("none" -> None); anything else is a ConfigError."""
+    if name == "none":
+        return None
+    if name not in SCHEMES:
+        raise ConfigError("weights", f"one of {list(WEIGHT_CHOICES)}", repr(name), "choose none, int8 or fp8")
+    return SCHEMES[name]
+
+
+def scheme_of(dtype: torch.dtype) -> Scheme | None:
+    """The scheme whose weights are stored in `dtype`, or None."""
+    return next((s for s in SCHEMES.values() if s.storage == dtype), None)
+
+
+def quantize_weight(weight: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype) -> tuple[torch.Tensor,
+                                                                                                torch.Tensor]:
+    """(out, in) weight -> (q (out, in) in the scheme's storage dtype, scale (out,) in `scale_dtype`).
+    Arithmetic in float32; the scale is rounded to `scale_dtype` first, so q * scale is the dequantized
+    weight the forward uses. An all-zero row gets scale 1 and zeros."""
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)  # (out,)
+    scale = torch.where(amax > 0, amax / scheme.qmax, torch.ones_like(amax)).to(scale_dtype)
+    scaled = (w / scale.float()[:, None]).clamp(-scheme.qmax, scheme.qmax)  # (out, in)
+    if scheme.storage == torch.int8:
+        scaled = scaled.round()
+    return scaled.to(scheme.storage), scale
+
+
+class QuantizedLinear(nn.Module):
+    """A bias-free linear layer over a quantized weight (out, in) and its per-row scale (out,)."""
+
+    def __init__(self, in_features: int, out_features: int, scheme: Scheme, scale_dtype: torch.dtype,
+                 device=None):
+        super().__init__()
+        self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
+        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=scheme.storage, device=device))
+        self.register_buffer("scale", torch.ones(out_features, dtype=scale_dtype, device=device))
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, scheme: Scheme) -> "QuantizedLinear":
+        if linear.bias is not None:
+            raise ConfigError("weights", "bias-free linear layers", "a linear layer with a bias",
+                              "choose weights none for this model")
+        weight = linear.weight
+        module = cls(weight.shape[1], weight.shape[0], scheme, weight.dtype, device=weight.device)
+        module.weight, module.scale = quantize_weight(weight, scheme, weight.dtype)
+        return module
+
+    def dequantized(self) -> torch.Tensor:
+        """The (out, in) weight the forward multiplies by, in the scale's dtype."""
+        return self.weight.to(self.scale.dtype) * self.scale[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to(x.dtype)) * self.scale.to(x.dtype)
+
+    def _apply(self, fn, recurse=True):
+        """`.to(dtype)` casts the scale (it follows the compute dtype) but never the stored weight: fp8 is a
+        floating dtype, which `.to(bf16)` would otherwise widen back to two bytes."""
+        weight = self.weight
+        super()._apply(fn, recurse)
+        if self.weight.dtype != weight.dtype:
+            self._buffers["weight"] = weight.to(device=self.weight.device)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.scheme.name}"
+
+
+def block_linears(model: nn.Module):
+    """(block, parent module, attribute name) of every quantizable linear layer of `model`'s blocks."""
+    from .gpt import TransformerBlock
+
+    for block in model.modules():
+        if isinstance(block, TransformerBlock):
+            for parent, name in LINEARS:
+                yield block, getattr(block, parent), name
+
+
+@torch.no_grad()
+def quantize_blocks(model: nn.Module, scheme: Scheme | None) -> nn.Module:
+    """Replace the blocks' linear layers of `model` by quantized ones, in place, one layer at a time (so
+    host memory peaks at the model plus one layer's weight). None leaves the model as it is."""
+    if scheme is None:
+        return model
+    before = resident_bytes(model)
+    for _, parent, name in list(block_linears(model)):
+        linear = getattr(parent, name)
+        if isinstance(linear, nn.Linear):
+            setattr(parent, name, QuantizedLinear.from_linear(linear, scheme))
+    log.info("quantized the blocks' linear layers to %s: weights %.1f MiB -> %.1f MiB", scheme.name,
+             before / 2**20, resident_bytes(model) / 2**20)
+    return model
+
+
+def prepare_quantized(model: nn.Module, schemes: dict[str, Scheme], scale_dtype: torch.dtype) -> None:
+    """Before a strict load of already-quantized weights: swap in an empty `QuantizedLinear` for every linear
+    named in `schemes` (state-dict prefix such as "layers.3.attention.wqkv" -> its scheme)."""
+    for prefix, scheme in schemes.items():
+        parent_name, _, name = prefix.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        linear = getattr(parent, name)
+        setattr(parent, name, QuantizedLinear(linear.in_features, linear.out_features, scheme, scale_dtype,
+                                              device=linear.weight.device))
+
+
+def weights_scheme(model: nn.Module) -> str:
+    """"int8", "fp8" or "none": how `model`'s block linears are stored ("mixed" if they differ)."""
+    names = {getattr(getattr(parent, name), "scheme", None) for _, parent, name in block_linears(model)}
+    names = {s.name if s is not None else "none" for s in names}
+    return names.pop() if len(names) == 1 else ("none" if not names else "mixed")
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer `model` holds (tensors shared between modules counted once)."""
+    seen, total = set(), 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        key = tensor.data_ptr() or id(tensor)  # meta tensors have no storage
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    return total
