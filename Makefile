@@ -82,7 +82,8 @@ serve: $(HOST_STAMP)
 ## then the Anole / Lumina-mGPT / Janus-Pro shapes, tiny and random; then what feeding a drafter LANTERN's
 ## HF-port caption states costs on a GPT-B-shaped t2i target; then batch-invariant decoding, one image per
 ## VQ decoder call, next to one batched call; then int8 / fp8 weights: bytes, teacher-forced fidelity on real
-## images' tokens and image quality -> quantization_cpu.{json,md}).
+## images' tokens and image quality -> quantization_cpu.{json,md}; then what each mode's run allocates next to
+## what the sampler reserves -> run_memory_cpu.{json,md}).
 bench: $(STAMP)
 	$(PY) -m lantern_core.benchmarks.decode_counts --dtype bfloat16 --out bench/results
 	$(PY) -m lantern_core.benchmarks.ar --out bench/results
@@ -92,12 +93,14 @@ bench: $(STAMP)
 	$(PY) -m lantern_core.benchmarks.prefix_states --grid 8 --repeats 2 --out bench/results
 	$(PY) -m lantern_core.benchmarks.decode --repeats 3 --llamagen-batches 1 4 --out bench/results
 	$(PY) -m lantern_core.benchmarks.quantization --out bench/results
+	$(PY) -m lantern_core.benchmarks.run_memory --out bench/results
 
 ## The GPU variant (one H200: about 9 minutes) -> bench/results/{decode_counts,ar,iteration_cost,speculative,batched,families,prefix_states,decode}_cuda_bfloat16.*:
 ## AR with and without captured CUDA graphs (embedded, GPT-B, GPT-XL, a 7B shape), one iteration of every decoding
 ## mode on GPT-XL shapes next to one AR step, end-to-end speed-ups on the embedded model, images/s at batch 1, 4
 ## and 8, then the prompted families' 7B shapes, the HF-port caption states' cost on GPT-XL t2i and
-## one-image-per-call VQ decoding next to batched. Every part writes its report even when another part fails; the target fails if any did.
+## one-image-per-call VQ decoding next to batched, then a 7B shape's AR step time and peak memory in bf16, int8
+## and fp8 (quantization_cuda_bfloat16.*). Every part writes its report even when another part fails; the target fails if any did.
 ## GPU machines may bring their own PyTorch: `make bench-cuda PY=python3` skips the venv.
 bench-cuda: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 	@status=0; \
@@ -109,6 +112,7 @@ bench-cuda: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 	$(PY) -m lantern_core.benchmarks.families --device cuda --dtype bfloat16 --images 1 --out bench/results || status=1; \
 	$(PY) -m lantern_core.benchmarks.prefix_states --device cuda --dtype bfloat16 --model GPT-XL --out bench/results || status=1; \
 	$(PY) -m lantern_core.benchmarks.decode --device cuda --dtype bfloat16 --out bench/results || status=1; \
+	$(PY) -m lantern_core.benchmarks.quantization_gpu --device cuda --model 7B --compile graphs auto --out bench/results || status=1; \
 	exit $$status
 
 ## The tests that need an NVIDIA GPU (captured CUDA graphs give the eager tokens, capture reuse and release);

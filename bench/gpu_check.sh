@@ -27,3 +27,4 @@ step batched 55 $PY -m lantern_core.benchmarks.batched --device cuda --dtype bfl
 step families 40 $PY -m lantern_core.benchmarks.families --device cuda --dtype bfloat16 --images 1 --out bench/results
 step prefix_states 25 $PY -m lantern_core.benchmarks.prefix_states --device cuda --dtype bfloat16 --model GPT-XL --repeats 2 --out bench/results
 step decode 20 $PY -m lantern_core.benchmarks.decode --device cuda --dtype bfloat16 --repeats 3 --out bench/results
+step quantization 150 $PY -m lantern_core.benchmarks.quantization_gpu --device cuda --model 7B --batches 1 4 --compile graphs --out bench/results
