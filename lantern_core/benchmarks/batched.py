@@ -115,9 +115,10 @@ def goals(rows: list[dict], device: torch.device) -> list[dict]:
     else:
         wanted = [("sjd_coupled", 1.0), ("sjd_relaxed lambda=5", 1.0), ("sjd_coupled 2-D (next row)", 1.0),
                   ("sjd_2d_relaxed", 1.0)]
+    measured = {name: round(ratio, 3) for name, ratio in at4.items()}  # the verdict is the reported figure's
     return [{"method": name, "goal": f"> {need:g}x AR at batch 4" if need == 1.0 else f">= {need:g}x AR at batch 4",
-             "measured": round(at4[name], 3), "met": at4[name] > need if need == 1.0 else at4[name] >= need}
-            for name, need in wanted if name in at4]
+             "measured": measured[name], "met": measured[name] > need if need == 1.0 else measured[name] >= need}
+            for name, need in wanted if name in measured]
 
 
 def markdown(report: dict) -> str:
