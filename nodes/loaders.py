@@ -114,7 +114,7 @@ class LanternModelLoader(io.ComfyNode):
     def execute(cls, checkpoint: str, vq_tokenizer: str, text_encoder: str, dtype: str,
                 weights: str = "none") -> io.NodeOutput:
         gpt_path, vq_path, t5_path = resolve_files(checkpoint, vq_tokenizer, text_encoder)
-        precision = runtime.Precision(runtime.choose_dtype(dtype), runtime.check_weights(weights))
+        precision = runtime.Precision(runtime.choose_dtype(dtype), weights)
         try:
             if paths.family_folder(gpt_path) is not None:
                 model = runtime.load_family_model(gpt_path, vq_path, precision, name=checkpoint)

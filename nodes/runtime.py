@@ -41,12 +41,7 @@ class Precision:
     weights: str = "none"
 
     def __post_init__(self):
-        check_weights(self.weights)
-
-
-def check_weights(choice: str) -> str:
-    check_choice("weights", choice, WEIGHT_CHOICES)
-    return choice
+        check_choice("weights", self.weights, WEIGHT_CHOICES)
 
 
 _REGISTRY: "weakref.WeakValueDictionary[tuple, LanternModel]" = weakref.WeakValueDictionary()

@@ -121,18 +121,16 @@ def compare(name: str, weights: str, reference: str, ref: torch.Tensor, test: to
 def fidelity_rows(crops: int, cfg_scale: float, seed: int) -> list[Fidelity]:
     labels, tokens = real_sequences(crops, seed)
     rows = []
-    base = load_gpt(EMBEDDED_GPT).model
+    models = {(dtype, fmt): load_gpt(EMBEDDED_GPT, dtype=dtype, weights=fmt).model  # each loaded once
+              for dtype in (torch.float32, torch.bfloat16) for fmt in ("none", *FORMATS)}
     for cfg in (1.0, cfg_scale):
-        ref = law_logits(base, labels, tokens, cfg)
+        laws = {key: law_logits(model, labels, tokens, cfg) for key, model in models.items()}
+        ref, bf16 = laws[(torch.float32, "none")], laws[(torch.bfloat16, "none")]
         for fmt in FORMATS:
-            test = law_logits(load_gpt(EMBEDDED_GPT, weights=fmt).model, labels, tokens, cfg)
-            rows.append(compare(EMBEDDED_NAME, fmt, "float32", ref, test, cfg))
-        bf16 = law_logits(load_gpt(EMBEDDED_GPT, dtype=torch.bfloat16).model, labels, tokens, cfg)
+            rows.append(compare(EMBEDDED_NAME, fmt, "float32", ref, laws[(torch.float32, fmt)], cfg))
         rows.append(compare(EMBEDDED_NAME, "none (bfloat16)", "float32", ref, bf16, cfg))
         for fmt in FORMATS:
-            quant = load_gpt(EMBEDDED_GPT, dtype=torch.bfloat16, weights=fmt).model
-            rows.append(compare(EMBEDDED_NAME, f"{fmt} (bfloat16)", "bfloat16", bf16,
-                                law_logits(quant, labels, tokens, cfg), cfg))
+            rows.append(compare(EMBEDDED_NAME, f"{fmt} (bfloat16)", "bfloat16", bf16, laws[(torch.bfloat16, fmt)], cfg))
     model = LlamaGenGPT(gpt_preset("GPT-B"))
     g = torch.Generator().manual_seed(seed)
     model.init_weights(g)

@@ -22,7 +22,7 @@ from .quantized_io import cast_for_load, finite, quantized_layers, rename_scales
 from ..config import GPT_PRESETS, HEADS_BY_DIM, GPTConfig, VQConfig
 from ..errors import CheckpointError, ConfigError
 from ..models.gpt import LlamaGenGPT
-from ..models.quantized import prepare_quantized, quantize_blocks, resident_bytes, scheme_named, weights_scheme
+from ..models.quantized import prepare_quantized, quantize_at_load, scheme_named, weights_scheme
 from ..models.vq import VQModel
 
 log = logging.getLogger(__name__)
@@ -366,7 +366,7 @@ def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.devic
         raw = RawCheckpoint(path, tensors)
     else:
         raw = read_checkpoint(path)
-    tensors = rename_scales(strip_prefixes(raw.tensors))
+    tensors = rename_scales(path, strip_prefixes(raw.tensors))
     kind = detect_kind(tensors)
     if kind == "hf-llama":
         tensors = hf_to_llamagen(path, tensors)
@@ -396,12 +396,12 @@ def load_gpt(path: str | Path, grid_size: int | None = None, device: torch.devic
     raw.tensors.clear()
     model.rope_table = model._build_rope()
     if stored:
-        source += f"[{weights_scheme(model)}]"
-        if scheme is None or scheme.name != weights_scheme(model):
-            notes.append(f"the file holds {weights_scheme(model)} weights: loaded as they are")
-    elif scheme is not None:
-        model = quantize_blocks(model, scheme)
-        notes.append(f"blocks quantized to {scheme.name} at load ({resident_bytes(model) / 2**20:.1f} MiB of weights)")
+        held = weights_scheme(model)
+        source += f"[{held}]"
+        if scheme is None or scheme.name != held:
+            notes.append(f"the file holds {held} weights: loaded as they are")
+    else:
+        model = quantize_at_load(model, scheme, notes)
     for note in notes:
         log.info("%s: %s", path.name, note)
     model = model.to(device=device, dtype=dtype).eval()
@@ -433,7 +433,7 @@ def load_vq(path: str | Path, device: torch.device | str = "cpu", dtype: torch.d
     """Load a LlamaGen VQ tokenizer (VQ-16 / VQ-8 layouts, any width), strictly. Raises CheckpointError."""
     path = Path(path)
     raw = read_checkpoint(path)
-    tensors = rename_scales(strip_prefixes(raw.tensors))
+    tensors = strip_prefixes(raw.tensors)
     kind = detect_kind(tensors)
     if kind != "vq":
         raise CheckpointError(path, "a VQ tokenizer (encoder.*, decoder.*, quantize.embedding.weight)",

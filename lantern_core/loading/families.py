@@ -41,7 +41,8 @@ from ..errors import CheckpointError, ConfigError, shown
 from .family_io import chameleon_state, janus_state, taming_to_ours
 from ..models.prompted import PromptedImageLM
 from ..models.vq import VQModel
-from ..models.quantized import quantize_blocks, resident_bytes, scheme_named
+from ..models.quantized import quantize_at_load, scheme_named
+from .quantized_io import cast_for_load
 from ..image_sizes import LUMINA_PATCH, format_size, lumina_grid
 from ..prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, chameleon_image_token_ids, load_tokenizer,
                       lumina_format, lumina_size_token, token_id)
@@ -404,14 +405,10 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     check_layer_count(folder, config, sd, FIX)
     model = build_on_meta(PromptedImageLM, config, folder, FIX)
     # cast once, straight to the run dtype (a 7B bf16 checkpoint never passes through float32)
-    load_state_strict(model, {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}, folder, FIX,
-                      assign=True)
+    load_state_strict(model, cast_for_load(sd, dtype), folder, FIX, assign=True)
     model.rope_table = model._build_rope()
     sd = tensors = None  # the model holds the weights: quantizing frees each layer's original
-    if scheme is not None:
-        model = quantize_blocks(model, scheme)
-        notes.append(f"blocks quantized to {scheme.name} at load ({resident_bytes(model) / 2**20:.1f} MiB of weights)")
-    model = model.to(device=device, dtype=dtype).eval()
+    model = quantize_at_load(model, scheme, notes).to(device=device, dtype=dtype).eval()
     if vq is not None:
         vq = vq.to(device=device, dtype=vq_dtype or dtype)
     for note in notes:

@@ -19,19 +19,19 @@ from ..errors import CheckpointError
 from ..models.quantized import Scheme, scheme_of
 
 LINEAR = re.compile(r"^layers\.\d+\.(attention\.(wqkv|wo)|feed_forward\.(w1|w2|w3))$")
-FIX = ("use a file written by this pack's quantized export or gpt-fast's int8 quantization (weight int8 / "
+FIX = ("use a quantized model's saved state_dict (docs/quantization.md) or gpt-fast's int8 file (weight int8 / "
        "float8_e4m3fn plus a per-row scale), or load the released full-precision file and choose int8 or fp8 in "
        "weights")
 
 
-def rename_scales(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def rename_scales(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """gpt-fast's `<layer>.scales` -> our `<layer>.scale` (a file with both spellings is refused)."""
     out = {}
     for key, value in tensors.items():
         if key.endswith(".scales"):
             key = key[:-len("scales")] + "scale"
             if key in tensors:
-                raise CheckpointError(None, "one scale per layer", f"both {key} and {key}s", FIX)
+                raise CheckpointError(path, "one scale per layer", f"both {key} and {key}s", FIX)
         out[key] = value
     return out
 

@@ -14,7 +14,6 @@ files (`loading/checkpoints.py` reads quantized tensors strictly) and picks no d
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +22,6 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 
-log = logging.getLogger(__name__)
 LINEARS = (("attention", "wqkv"), ("attention", "wo"), ("feed_forward", "w13"), ("feed_forward", "w2"))
 
 
@@ -91,10 +89,6 @@ class QuantizedLinear(nn.Module):
         module.weight, module.scale = quantize_weight(weight, scheme, weight.dtype)
         return module
 
-    def dequantized(self) -> torch.Tensor:
-        """The (out, in) weight the forward multiplies by, in the scale's dtype."""
-        return self.weight.to(self.scale.dtype) * self.scale[:, None]
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight.to(x.dtype)) * self.scale.to(x.dtype)
 
@@ -127,13 +121,18 @@ def quantize_blocks(model: nn.Module, scheme: Scheme | None) -> nn.Module:
     host memory peaks at the model plus one layer's weight). None leaves the model as it is."""
     if scheme is None:
         return model
-    before = resident_bytes(model)
     for _, parent, name in list(block_linears(model)):
         linear = getattr(parent, name)
         if isinstance(linear, nn.Linear):
             setattr(parent, name, QuantizedLinear.from_linear(linear, scheme))
-    log.info("quantized the blocks' linear layers to %s: weights %.1f MiB -> %.1f MiB", scheme.name,
-             before / 2**20, resident_bytes(model) / 2**20)
+    return model
+
+
+def quantize_at_load(model: nn.Module, scheme: Scheme | None, notes: list[str]) -> nn.Module:
+    """`quantize_blocks` for a loader: adds a load note saying so (the loaders log their notes)."""
+    if scheme is not None:
+        model = quantize_blocks(model, scheme)
+        notes.append(f"blocks quantized to {scheme.name} at load ({resident_bytes(model) / 2**20:.1f} MiB of weights)")
     return model
 
 
