@@ -83,7 +83,7 @@ serve: $(HOST_STAMP)
 ## HF-port caption states costs on a GPT-B-shaped t2i target; then batch-invariant decoding, one image per
 ## VQ decoder call, next to one batched call; then int8 / fp8 weights: bytes, teacher-forced fidelity on real
 ## images' tokens and image quality -> quantization_cpu.{json,md}; then what each mode's run allocates next to
-## what the sampler reserves -> run_memory_cpu.{json,md}).
+## what the sampler reserves, and the reservations of the released 7B shapes -> run_memory_cpu.{json,md}).
 bench: $(STAMP)
 	$(PY) -m lantern_core.benchmarks.decode_counts --dtype bfloat16 --out bench/results
 	$(PY) -m lantern_core.benchmarks.ar --out bench/results

@@ -50,6 +50,11 @@ class Condition:
         mask = None if self.caption_mask is None else self.caption_mask[i:i + 1]
         return Condition(caption=self.caption[i:i + 1], caption_mask=mask)
 
+    def first(self, n: int) -> "Condition":
+        """The condition of the first `n` samples."""
+        return Condition(**{f: None if getattr(self, f) is None else getattr(self, f)[:n]
+                            for f in self.__dataclass_fields__})
+
     def repeated(self, times: int) -> "Condition":
         """Every sample repeated `times` times in a row (a batch of copies, e.g. a calibration batch)."""
         return Condition(**{f: None if getattr(self, f) is None else getattr(self, f).repeat_interleave(times, 0)

@@ -173,6 +173,12 @@ def place(patchers: list, memory_required: int = 0) -> torch.device:
     return patchers[0].load_device
 
 
+def free_memory(device: torch.device) -> int:
+    """Bytes free on `device` for a run, as ComfyUI's model management counts them (the CUDA driver's free
+    memory plus what PyTorch's allocator holds unused; system memory for the CPU)."""
+    return int(mm.get_free_memory(device))
+
+
 @contextmanager
 def run_scope() -> Iterator[None]:
     """Around one generation: whatever happens, give transient memory back to the allocator."""

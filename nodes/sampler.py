@@ -2,13 +2,17 @@
 progress bar in image tokens, optional partial-grid previews, Cancel, and the stats/heat-map UI."""
 from __future__ import annotations
 
+import logging
+
 import torch
 from comfy_api.latest import io
 
 from ..lantern_core.conditioning import Condition
 from ..lantern_core.config import SamplingConfig
 from ..lantern_core.decoding import auto_store, report
-from ..lantern_core.decoding.generate import GenerationResult, estimate_run_bytes, generate
+from ..lantern_core.decoding.generate import GenerationResult, generate
+from ..lantern_core.decoding.reservation import PlannedRun, RunMemory, check_run_fits, plan_run_memory
+from ..lantern_core.models.quantized import quantizable_bytes
 from ..lantern_core.images import to_unit_range
 from ..lantern_core.layout import image_codes
 from ..lantern_core.models.vq import decode_images
@@ -24,6 +28,8 @@ from .types import (LanternCond, LanternCondType, LanternDecoding, LanternDecodi
                     LanternModelType, LanternTokens, LanternTokensType, expect_link)
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
+
+log = logging.getLogger("lantern_pack.sampler")
 
 
 def sampling_inputs() -> list:
@@ -128,8 +134,14 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
         if speculative and not jacobi:
             patchers.insert(1, decoding.drafter.drafter)
         config = model.config if cond.grid is None else model.config.with_grid(*cond.grid)  # this run's grid
-        memory = estimate_run_bytes(config, condition.batch, sampling.uses_cfg, model.dtype)
-        device = runtime.place(patchers, memory_required=memory)
+        drafter = decoding.drafter.drafter.model if speculative and not jacobi else None
+        view = model.gpt.model if cond.grid is None else model.gpt.model.with_grid(*cond.grid)
+        run = PlannedRun(view, condition, sampling, decoding.spec if speculative else None, drafter, neighbors,
+                         decoding.compile, model.gpt.load_device)
+        memory = _plan(run)  # a dry run on the meta device: what this run will allocate
+        device = runtime.place(patchers, memory_required=memory.peak if memory else 0)
+        if memory is not None:
+            check_run_fits(run, memory, runtime.free_memory(device), quantizable_bytes(model.gpt.model))
         # Lumina-mGPT at another size: a view of the placed weights with that grid, for this run only
         gpt = model.gpt.model if cond.grid is None else model.gpt.model.with_grid(*cond.grid)
         condition = condition.to(device)
@@ -142,6 +154,16 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
             result = _decode(gpt, decoding, condition, sampling, generators, neighbors, on_step)
     payload = stats_payload(result, decoding, descriptions)
     return LanternTokens(result.tokens.cpu(), model, payload, cond.grid), payload
+
+
+def _plan(run: PlannedRun) -> RunMemory | None:
+    """The run's memory plan; None (with the reason in the log) when the dry run itself fails, so that a
+    planning bug never blocks a run the device could hold (the run then reserves nothing up front)."""
+    try:
+        return plan_run_memory(run)
+    except Exception:  # noqa: BLE001 -- the run itself decides; the log keeps the error for a report
+        log.warning("Lantern: could not plan this run's memory; running without a reservation", exc_info=True)
+        return None
 
 
 def _decode(gpt, decoding: LanternDecoding, condition, sampling: SamplingConfig, generators, neighbors,

@@ -69,15 +69,17 @@ class DrafterSession:
         self.root_feature = torch.zeros(rows, drafter.config.dim, dtype=self.cache.keys.dtype, device=device)
         self._last_row = drafter.rope_table.shape[0] - 1
 
-    def select_rows(self, rows: torch.Tensor, key_valid: torch.Tensor) -> "DrafterSession":
-        """A session over the batch rows `rows` of this one (cache, lengths and root features copied), with
-        the target's `key_valid` (already selected) as its mask where its convention shares it."""
+    def keep_rows(self, rows: list[int], key_valid: torch.Tensor) -> "DrafterSession":
+        """A session over the batch rows `rows` (ascending) of this one, its cache compacted in place
+        (`KVCache.keep_rows`: this session must not be used after), with the target's `key_valid` (already
+        selected) as its mask where its convention shares it."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.length.device)
         session = DrafterSession.__new__(DrafterSession)
         session.drafter, session.known = self.drafter, self.known
         session.key_valid = drafter_key_valid(self.drafter.config.prefix_states, key_valid)
-        session.cache = self.cache.select_rows(rows)
-        session.length = self.length.index_select(0, rows)
-        session.root_feature = self.root_feature.index_select(0, rows)
+        session.cache = self.cache.keep_rows(rows)
+        session.length = self.length.index_select(0, index)
+        session.root_feature = self.root_feature.index_select(0, index)
         session._last_row = self._last_row
         return session
 
@@ -148,10 +150,10 @@ def prefix_inputs(drafter: EagleDrafter, model, prefix_ids: torch.Tensor | None,
     return tokens, torch.cat([prompt, drafter.embed_tokens(tokens[:, -1:]).to(prompt.dtype)], dim=1)
 
 
-def rows_of(images: list[int], count: int, guided: bool, device: torch.device) -> torch.Tensor:
-    """Batch rows of images `images` out of `count` ([cond count; uncond count] when `guided`), as indices."""
-    rows = list(images) + ([count + g for g in images] if guided else [])
-    return torch.tensor(rows, dtype=torch.long, device=device)
+def row_list(images: list[int], count: int, guided: bool) -> list[int]:
+    """Batch rows of images `images` out of `count` ([cond count; uncond count] when `guided`)."""
+    return list(images) + ([count + g for g in images] if guided else [])
+
 
 
 def per_row(x: torch.Tensor, rows: int) -> torch.Tensor:

@@ -74,16 +74,6 @@ class GenerationResult:
         return self.accepted_per_cell[sample].reshape(rows, -1).tolist()
 
 
-def estimate_run_bytes(config, batch: int, guided: bool, dtype: torch.dtype) -> int:
-    """Transient memory of one `generate` call: the KV cache plus prefill activations and logits."""
-    rows = batch * (2 if guided else 1)
-    element = torch.tensor([], dtype=dtype).element_size()
-    cache = 2 * config.n_layer * rows * config.n_kv_head * config.max_seq_len * config.head_dim * element
-    prefill_bytes = rows * config.cls_token_num * max(config.ffn_dim, 3 * config.dim) * 4 * element
-    logits = rows * config.vocab_size * 4 * 4
-    return cache + prefill_bytes + logits
-
-
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels so wall times are real (CUDA and MPS run asynchronously)."""
     if device.type == "cuda":

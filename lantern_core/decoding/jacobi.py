@@ -246,6 +246,17 @@ def jacobi_generate(model: ImageTransformer, condition: Condition, sampling: Sam
     return GenerationResult(sink.tokens, stats, sink.per_cell, model.config.grid_size)
 
 
+def draw_position_noise(state: JacobiState, generators: list) -> None:
+    """Coupled drafts and proactive leaves: one Gumbel noise row per absolute image position, image g's from
+    `generators[g]` (a single run of it draws the same); nothing without a noise table."""
+    if state.gumbel is None:
+        return
+    device = state.gumbel.device
+    for g, generator in enumerate(generators):
+        u = torch.rand(state.gumbel.shape[1:], generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
+        state.gumbel[g].copy_(-(-u.log()).log())
+
+
 def jacobi_runner(model: ImageTransformer, shape: JacobiShape, dist: NodeDistributions,
                   neighbors: torch.Tensor | None, layout: RunLayout) -> StepRunner:
     """The iteration runner for `shape`: cached, with one CUDA graph per window band (variants are
@@ -292,10 +303,7 @@ def _decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchR
         else:
             first = sample_from_probs(first_p, torch.cat([torch.rand(1, generator=g, device=device) for g in generators]))
         state.start_image(T, first, first_p)
-        if state.gumbel is not None:  # coupled: one noise row per absolute image position, drawn per image
-            for g, generator in enumerate(generators):
-                u = torch.rand(state.gumbel.shape[1:], generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
-                state.gumbel[g].copy_(-(-u.log()).log())
+        draw_position_noise(state, generators)
         if not sampling.greedy:  # every iteration's uniforms, per image, before the first one
             fill_per_image(state.uniforms, generators)
         progress_tokens(out, state.canvas, state.done)

@@ -31,9 +31,9 @@ import torch
 
 from ..config import SamplingConfig
 from ..models.gpt import ForwardStep, ImageTransformer
-from ..models.kv_cache import KVCache, attention_mask
+from ..models.kv_cache import KVCache, attention_mask, keep_rows
 from .acceptance import absorbed_set, normalise
-from .drafting import per_row, rows_of
+from .drafting import per_row, row_list
 from .jacobi_proactive import LeafBuffers, draw_leaves, judge_with_leaves, move_leaf_key
 from .jacobi_rows import RowLanes, raster_mask, row_lanes
 from .relaxation import group_mass, relax
@@ -174,8 +174,9 @@ class RowState:
         self.fixed[:, 0] = True  # the first token, drawn after the prefill
         self.ahead_ok.zero_()
 
-    def select(self, keep: torch.Tensor, rows: torch.Tensor) -> "RowState":
-        return RowState(self.fixed.index_select(0, keep), self.q.index_select(0, keep),
+    def select(self, images: list[int], keep: torch.Tensor, rows: torch.Tensor) -> "RowState":
+        """Images `images` (`keep` on the device; their batch rows `rows`) only; the laws compacted in place."""
+        return RowState(self.fixed.index_select(0, keep), keep_rows(self.q, images),
                         self.proposed.index_select(0, keep), self.ahead_ok.index_select(0, rows), self.commits)
 
 
@@ -265,21 +266,23 @@ class JacobiState:
         self.start_image(start, torch.zeros_like(self.done), self.last_p.clone())
 
     def select(self, images: list[int], guided: bool) -> "JacobiState":
-        """The state of images `images` only (their cache rows, windows, noise and counters; the run totals
-        carried over): a smaller batch for devices that run eagerly (see `TreeState.select`)."""
+        """The state of images `images` (ascending) only (their cache rows, windows, noise and counters; the
+        run totals carried over): a smaller batch for devices that run eagerly (see `TreeState.select`). Every
+        per-image buffer is compacted in place (`kv_cache.keep_rows`): this state must not be used after."""
         G, device = self.done.shape[0], self.done.device
         keep = torch.tensor(images, dtype=torch.long, device=device)
-        rows = rows_of(images, G, guided, device)
-        pick = lambda t: None if t is None else t.index_select(0, keep)  # noqa: E731
+        row_ids = row_list(images, G, guided)
+        rows = torch.tensor(row_ids, dtype=torch.long, device=device)
+        pick = lambda t: None if t is None else keep_rows(t, images)  # noqa: E731
         return JacobiState(
-            cache=self.cache.select_rows(rows), key_valid=self.key_valid.index_select(0, rows),
+            cache=self.cache.keep_rows(row_ids), key_valid=self.key_valid.index_select(0, rows),
             length=self.length.index_select(0, rows), done=pick(self.done), canvas=pick(self.canvas),
             per_cell=pick(self.per_cell), drafts=pick(self.drafts), q=pick(self.q), proposed=pick(self.proposed),
             ahead=pick(self.ahead), held=pick(self.held), last_p=pick(self.last_p), drawn=pick(self.drawn),
             drawn_at=pick(self.drawn_at), uniforms=pick(self.uniforms), iteration=pick(self.iteration),
             uniform_q=self.uniform_q, gumbel=pick(self.gumbel), neighbors=self.neighbors,
             histogram=pick(self.histogram), absorbed=self.absorbed, relaxed=self.relaxed,
-            rows=None if self.rows is None else self.rows.select(keep, rows),
+            rows=None if self.rows is None else self.rows.select(images, keep, rows),
             tree=None if self.tree is None else self.tree.select(keep))
 
     def release(self) -> None:

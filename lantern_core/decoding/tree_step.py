@@ -26,10 +26,10 @@ import torch
 from ..config import SamplingConfig
 from ..models.drafter import EagleDrafter
 from ..models.gpt import ImageTransformer
-from ..models.kv_cache import KVCache
+from ..models.kv_cache import KVCache, keep_rows
 from .step_graphs import SLOT_BUCKET, band_starts, band_window
 from .drafting import (DraftTree, DrafterSession, DynamicShape, NodeDistribution, StaticPlan, draft_dynamic,
-                       draft_static, index_tensor, noise_shapes, per_row, rows_of)
+                       draft_static, index_tensor, noise_shapes, per_row, row_list)
 from .relaxation import Relaxation
 from .tree import TreeSpec
 from .tree_attention import commit_padded_path, forward_tree
@@ -172,22 +172,25 @@ class TreeState:
         self.session.reset(start)
 
     def select(self, images: list[int], guided: bool) -> "TreeState":
-        """The state of images `images` only (their rows of both caches, their tokens, noise and counters; the
-        run totals carried over): a smaller batch for devices that run eagerly, where an image that is done
-        would otherwise still cost its share of every forward."""
+        """The state of images `images` (ascending) only (their rows of both caches, their tokens, noise and
+        counters; the run totals carried over): a smaller batch for devices that run eagerly, where an image
+        that is done would otherwise still cost its share of every forward. The caches, noise and uniforms are
+        compacted in place (`kv_cache.keep_rows`), so no second copy of them is ever alive: this state must
+        not be used after (its small tensors are copied)."""
         G, device = self.done.shape[0], self.done.device
         keep = torch.tensor(images, dtype=torch.long, device=device)
-        rows = rows_of(images, G, guided, device)
-        key_valid = self.key_valid.index_select(0, rows)
+        rows = row_list(images, G, guided)
+        index = torch.tensor(rows, dtype=torch.long, device=device)
+        key_valid = self.key_valid.index_select(0, index)
 
         def per_tree(buffer: torch.Tensor) -> torch.Tensor:  # (G * P, V) -> (len(images) * P, V)
-            return buffer.view(G, -1, buffer.shape[-1]).index_select(0, keep).reshape(-1, buffer.shape[-1])
+            return keep_rows(buffer.view(G, -1, buffer.shape[-1]), images).reshape(-1, buffer.shape[-1])
 
         return TreeState(
-            cache=self.cache.select_rows(rows), key_valid=key_valid, session=self.session.select_rows(rows, key_valid),
-            length=self.length.index_select(0, rows), done=self.done.index_select(0, keep),
+            cache=self.cache.keep_rows(rows), key_valid=key_valid, session=self.session.keep_rows(rows, key_valid),
+            length=self.length.index_select(0, index), done=self.done.index_select(0, keep),
             tokens=self.tokens.index_select(0, keep), per_cell=self.per_cell.index_select(0, keep),
-            noise=[per_tree(b) for b in self.noise], uniforms=self.uniforms.index_select(0, keep),
+            noise=[per_tree(b) for b in self.noise], uniforms=keep_rows(self.uniforms, images),
             iteration=self.iteration.index_select(0, keep),
             neighbors=self.neighbors, histogram=self.histogram.index_select(0, keep), by_node=self.by_node,
             absorbed=self.absorbed, relaxed=self.relaxed, forwards_per_iteration=self.forwards_per_iteration)

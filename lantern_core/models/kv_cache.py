@@ -47,9 +47,11 @@ class KVCache:
             self.values[layer].scatter_(2, index, v)
         return self.keys[layer, :, :, :kv_len], self.values[layer, :, :, :kv_len]
 
-    def select_rows(self, rows: torch.Tensor) -> "KVCache":
-        """A new cache holding the batch rows `rows` (long indices) of this one (a copy)."""
-        return KVCache(self.keys.index_select(1, rows), self.values.index_select(1, rows))
+    def keep_rows(self, rows: list[int]) -> "KVCache":
+        """The cache of batch rows `rows` (ascending) only, made in place: those rows move to the front of
+        these buffers one at a time and the result views the first len(rows). Nothing the size of the cache is
+        allocated (a copy would hold the old and the new cache at once); this object must not be read after."""
+        return KVCache(keep_rows(self.keys, rows, dim=1), keep_rows(self.values, rows, dim=1))
 
     def release(self) -> None:
         """Drop the buffers (the object stays valid but empty); used in `finally` after a run."""
@@ -71,6 +73,18 @@ class KVCache:
         for buf in (self.keys, self.values):
             picked = buf.gather(3, source_slots[None, :, None, :, None].expand(L, B, H, n, D))  # (L, B, H, n, D)
             buf.scatter_(3, dest[None, :, None, :, None].expand(L, B, H, n, D), picked)
+
+
+def keep_rows(t: torch.Tensor, rows: list[int], dim: int = 0) -> torch.Tensor:
+    """In place: entries `rows` (ascending indices along `dim`) of `t` moved to the front, one at a time, and
+    the view of the first len(rows) returned. Ascending order makes it safe: entry i is written only after
+    every entry that comes from it was read. Allocates nothing; `t` itself must not be read as before."""
+    if any(b <= a for a, b in zip(rows, rows[1:])):
+        raise ValueError(f"rows to keep must ascend, got {rows}")
+    for i, r in enumerate(rows):
+        if r != i:
+            t.select(dim, i).copy_(t.select(dim, r))
+    return t.narrow(dim, 0, len(rows))
 
 
 def attention_mask(key_valid: torch.Tensor, query_slots: torch.Tensor, kv_len: int) -> torch.Tensor:

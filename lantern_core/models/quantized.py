@@ -154,6 +154,17 @@ def weights_scheme(model: nn.Module) -> str:
     return names.pop() if len(names) == 1 else ("none" if not names else "mixed")
 
 
+def quantizable_bytes(model: nn.Module) -> int:
+    """Bytes of the block linears' weights still in the compute dtype: what weight-only int8 / fp8 would store
+    in one byte per weight."""
+    total = 0
+    for _, parent, name in block_linears(model):
+        layer = getattr(parent, name)
+        if not isinstance(layer, QuantizedLinear):
+            total += layer.weight.numel() * layer.weight.element_size()
+    return total
+
+
 def resident_bytes(model: nn.Module) -> int:
     """Bytes of every parameter and buffer `model` holds (tensors shared between modules counted once)."""
     seen, total = set(), 0

@@ -1,11 +1,11 @@
-"""The CPU allocation tracker (`benchmarks/memory_track.py`) the reservation work measures with: it counts each
+"""The CPU allocation tracker (`lantern_core/memory_track.py`) the reservation work measures with: it counts each
 new storage once while any tensor (views included) holds it, ignores storages made before it started, and
 sees a decoding run's KV cache."""
 from __future__ import annotations
 
 import torch
 
-from lantern_core.benchmarks.memory_track import track_allocations
+from lantern_core.memory_track import track_allocations
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
 from lantern_core.decoding.generate import generate
@@ -39,3 +39,22 @@ def test_a_run_allocates_at_least_its_kv_cache():
         generate(model, Condition.classes([0, 1, 2]), SamplingConfig(cfg_scale=2.0), make_generators(0, 3),
                  compile="off")
     assert cache <= tally.peak < 3 * cache
+
+
+def test_keep_rows_compacts_in_place_without_a_second_copy():
+    """`kv_cache.keep_rows` (an image leaving a batch): the kept rows, in order, as a view of the same storage,
+    and no allocation the size of the tensor; rows that do not ascend are refused."""
+    import pytest
+
+    from lantern_core.models.kv_cache import KVCache, keep_rows
+
+    cache = KVCache.allocate(2, 5, 1, 3, 2, "cpu", torch.float32)
+    cache.keys.copy_(torch.arange(cache.keys.numel(), dtype=torch.float32).view_as(cache.keys))
+    expected = cache.keys[:, [1, 3, 4]].clone()
+    with track_allocations() as tally:
+        kept = cache.keep_rows([1, 3, 4])
+    assert torch.equal(kept.keys, expected) and kept.keys.untyped_storage().data_ptr() == \
+        cache.keys.untyped_storage().data_ptr()
+    assert tally.peak < cache.keys.nbytes // 5  # at most one row's worth, never a second cache
+    with pytest.raises(ValueError, match="ascend"):
+        keep_rows(torch.zeros(4), [2, 1])

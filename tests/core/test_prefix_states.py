@@ -322,7 +322,7 @@ def test_a_selected_session_keeps_its_convention():
         target_valid = torch.ones(6, 14, dtype=torch.bool)
         target_valid[:, :prefix.key_valid.shape[1]] = prefix.key_valid
         selected = target_valid.index_select(0, rows)
-        chosen = session.select_rows(rows, selected)
+        chosen = session.keep_rows(rows.tolist(), selected)
         if states == "hf_port":
             assert chosen.key_valid.all() and chosen.key_valid.shape == selected.shape
         else:

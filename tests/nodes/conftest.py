@@ -3,6 +3,7 @@ pack the way ComfyUI does; server tests start `main.py --cpu` with the pack link
 from __future__ import annotations
 
 import asyncio
+import logging
 import importlib.util
 import socket
 import sys
@@ -106,3 +107,14 @@ def frontend_server(request):
 
     return request.getfixturevalue("server" if request.getfixturevalue("frontend") == frontends.SHIPPED
                                    else "server_new_frontend")
+
+
+@pytest.fixture(autouse=True)
+def _runs_are_planned(caplog):
+    """Every sampler run in these tests plans its memory: the sampler's fallback (run without a reservation
+    when the dry run fails) exists for bugs the tests miss, so here it fails the test."""
+    caplog.set_level(logging.WARNING, logger="lantern_pack.sampler")
+    yield
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    failed = [r for r in records if "could not plan this run's memory" in r.getMessage()]
+    assert not failed, failed[0].exc_text

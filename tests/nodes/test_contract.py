@@ -95,6 +95,48 @@ def test_sampler_outputs_tokens_stats_and_heat_map(node, model):
     assert payload["heatmap"] == [[1] * 16] * 16
 
 
+def test_sampler_reserves_its_planned_run_and_refuses_one_that_does_not_fit(pack, node, model, monkeypatch):
+    """The sampler tells ComfyUI's model management the dry run's peak for this very run (mode, batch, rows),
+    and when the device has less free after placing the model it stops before the decoder allocates
+    anything, saying what the run needs and what would fit."""
+    sampler, runtime = pack.nodes.sampler, pack.nodes.runtime
+    from lantern_pack.lantern_core.decoding.reservation import RunMemoryError
+
+    asked = []
+    place = runtime.place
+    monkeypatch.setattr(runtime, "place", lambda patchers, memory_required=0: (
+        asked.append(memory_required), place(patchers, memory_required))[1])
+    decoding = node["LanternDecodingConfig"].execute(
+        mode="sjd_coupled", drafter=None, tree="auto", chain_length=4, custom_tree="[[0]]", lantern_k=10, delta=0.1,
+        lam=5.0, eagle_depth=4, eagle_top_k=4, eagle_nodes=12, jacobi_window=8, compile="off").args[0]
+    run_sampler(node, model, seed=2, batch_size=2, decoding=decoding)
+    plain = asked[-1]
+    run_sampler(node, model, seed=2, batch_size=1)
+    assert plain > asked[-1] * 1.5  # two images of coupled SJD (noise tables, laws) against one of AR
+
+    room = asked[-1]
+    monkeypatch.setattr(runtime, "free_memory", lambda device: room)  # room for one AR image only
+    monkeypatch.setattr(sampler, "_decode", lambda *a, **k: pytest.fail("the decoder ran"))
+    with pytest.raises(RunMemoryError) as caught:
+        run_sampler(node, model, seed=2, batch_size=2, decoding=decoding)
+    text = str(caught.value)
+    assert "coupled jacobi w8" in text and "batch 2" in text and "mode 'ar' at batch_size 1" in text, text
+    assert "free memory on the device" in text
+
+
+def test_a_failing_memory_plan_never_blocks_a_run(pack, node, model, monkeypatch, caplog):
+    """The dry run is an estimate: if it fails (a bug), the run goes ahead without a reservation and the log
+    says why."""
+    def broken(run):
+        raise RuntimeError("no meta kernel")
+
+    monkeypatch.setattr(pack.nodes.sampler, "plan_run_memory", broken)
+    tokens, _ = run_sampler(node, model, seed=4).args
+    assert tokens.tokens.shape == (1, 256)
+    assert any("could not plan" in r.getMessage() and "no meta kernel" in (r.exc_text or "") for r in caplog.records)
+    caplog.clear()  # the autouse check (tests/nodes/conftest.py) fails any other test that falls back
+
+
 def test_same_seed_same_tokens_and_batch_matches_single_runs(node, model):
     a = run_sampler(node, model, seed=9).args[0].tokens
     b = run_sampler(node, model, seed=9).args[0].tokens

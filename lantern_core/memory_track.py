@@ -1,11 +1,14 @@
-"""Peak bytes of the tensors a piece of code allocates, on any device (the CPU has no allocator statistics).
+"""Peak bytes of the tensors a piece of code allocates, on any device, the meta device included (the CPU has
+no allocator statistics; the meta device allocates nothing, but its tensors have sizes).
 
 `track_allocations()` is a context manager over a `TorchDispatchMode`: every op's output whose storage is new
 (not one of its inputs' storages, not a view of one) counts its storage's bytes while any tensor on that
 storage is alive (a weak-reference finalizer per tensor); the peak of the live total is the measurement. It
 sees what PyTorch allocates through its ops (factories included), not scratch memory inside one kernel nor
-what allocators round up. On CUDA, `torch.cuda.max_memory_allocated` is the allocator's own figure; this is
-for the CPU and for tests. Slow (a Python call per op): tiny models only.
+what allocators round up. On CUDA, `torch.cuda.max_memory_allocated` is the allocator's own figure. Used by
+the run reservation's dry run on the meta device (`decoding/reservation.py`, cheap: no kernel runs) and, on
+the CPU, by the tests and benchmarks that hold that reservation to what a real run allocates (slow there: a
+Python call per op, tiny models only).
 """
 from __future__ import annotations
 
@@ -33,8 +36,10 @@ class AllocationTally:
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
+    """(identity, bytes) of the storage under `t`: the storage object's own address, which meta storages have
+    too (their data pointer is 0); views share it."""
     storage = t.untyped_storage()
-    return storage.data_ptr(), storage.nbytes()
+    return storage._cdata, storage.nbytes()
 
 
 class _Tracker(TorchDispatchMode):
@@ -47,10 +52,10 @@ class _Tracker(TorchDispatchMode):
         inputs = {_storage(t)[0] for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         tally = self.tally
         for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            if not isinstance(t, torch.Tensor):
                 continue
             ptr, size = _storage(t)
-            if ptr == 0:
+            if size == 0:
                 continue
             if ptr not in tally.counts:  # a view or an in-place result keeps a tracked storage alive too
                 if ptr in inputs or func._schema.is_mutable or any(a.alias_info for a in func._schema.returns):
