@@ -158,9 +158,12 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
 
 def _plan(run: PlannedRun) -> RunMemory | None:
     """The run's memory plan; None (with the reason in the log) when the dry run itself fails, so that a
-    planning bug never blocks a run the device could hold (the run then reserves nothing up front)."""
+    planning bug never blocks a run the device could hold (the run then reserves nothing up front). Settings
+    the decoder refuses are refused here already (`LanternError`)."""
     try:
         return plan_run_memory(run)
+    except LanternError:
+        raise
     except Exception:  # noqa: BLE001 -- the run itself decides; the log keeps the error for a report
         log.warning("Lantern: could not plan this run's memory; running without a reservation", exc_info=True)
         return None

@@ -43,7 +43,8 @@ from .jacobi_step import JacobiContext, JacobiShape, JacobiState, jacobi_iterati
 from .jacobi_window import LOSSLESS_GEOMETRIES, ROW_GEOMETRIES
 from .prefix_states import hf_port_states
 from .sampling import fill_per_image, pick_tokens
-from .speculative import BatchSink, NodeDistributions, RunTally, SpeculativeConfig
+from .speculative import (BatchSink, NodeDistributions, RunTally, SpeculativeConfig, check_neighbors,
+                          check_tree_fits)
 from .step_graphs import RunLayout, layout_for
 from .tree_step import TreeContext, TreeShape, TreeState, draw_iteration_noise, tree_iteration, tree_windows
 
@@ -132,7 +133,8 @@ _PLANS_KEPT = 64
 
 def plan_run_memory(run: PlannedRun) -> RunMemory:
     """The memory `run` will allocate beyond its weights, by a dry run on meta twins: reads no weight and
-    allocates nothing on any real device. A dry run costs about a second for a 7B model; the result is kept
+    allocates nothing on any real device. Settings the decoder would refuse (a tree wider than the
+    vocabulary, a neighbour table too narrow) raise its `ConfigError` here, before anything is placed. A dry run costs about a second for a 7B model; the result is kept
     for runs of the same shapes (model, dtypes, prefix, batch, sampling, decoder, device kind)."""
     key = _shape_key(run)
     if key is not None and key in _PLANS:
@@ -168,8 +170,12 @@ def _dry_run(run: PlannedRun) -> RunMemory:
         target, draft = meta_twin(model, run.drafter)
     else:
         target, draft = meta_twin(model)[0], None
-    table = None if run.neighbors is None else torch.empty_like(extend_neighbors(model.config, run.neighbors),
-                                                                device=META)
+    # the decoders' own checks first: a setting they refuse is refused here with the same error
+    if isinstance(spec, SpeculativeConfig):
+        check_tree_fits(spec, model.config)
+    k = 0 if spec is None else spec.neighbor_k if isinstance(spec, JacobiConfig) else (
+        spec.relaxation.k if spec.relaxation else 0)
+    table = extend_neighbors(model.config, check_neighbors(k, run.neighbors, META, model.config))
     prefix = lambda: meta_prefix(target, condition, sampling.uses_cfg)  # noqa: E731 -- made inside the tally
     if spec is None:
         dry, mode = lambda: _dry_ar(target, prefix, condition.batch, sampling, layout), "plain AR"

@@ -19,7 +19,7 @@ from lantern_core.decoding.reservation import PlannedRun, RunMemoryError, check_
 from lantern_core.memory_track import track_allocations
 from lantern_core.models.gpt import LlamaGenGPT
 from lantern_core.models.quantized import quantizable_bytes
-from tiny_models import TINY_T2I, random_drafter, random_gpt
+from tiny_models import TINY_C2I, TINY_T2I, random_drafter, random_gpt
 
 # 8 x 8 tokens (16 x 16 for the 2-D modes, whose lower-row geometry needs rows of 16), a vocabulary of 512
 # (trees of 10 children, 10 neighbours), two layers: every buffer of the embedded model's runs, at a fraction of
@@ -175,3 +175,22 @@ def test_the_reservation_is_within_15_percent_of_cuda_peak(pair, name, spec, gre
         peak = torch.cuda.max_memory_allocated() - base
     step_graphs.release(model)
     assert abs(plan.peak / peak - 1) <= TOLERANCE, (name, plan, peak)
+
+
+def test_settings_the_decoder_refuses_are_refused_by_the_plan_with_its_error(pair):
+    """A tree wider than the vocabulary, or a relaxation without its neighbour table: the decoder's own
+    ConfigError, from the plan, before the sampler places anything."""
+    from lantern_core.decoding.drafting import DynamicShape
+    from lantern_core.decoding.relaxation import Relaxation
+    from lantern_core.decoding.speculative import SpeculativeConfig
+    from lantern_core.errors import ConfigError
+
+    small = random_gpt(TINY_C2I)  # 48 codes
+    condition = Condition.classes([0])
+    wide = SpeculativeConfig(tree="dynamic", dynamic=DynamicShape(2, 50, 4))
+    with pytest.raises(ConfigError, match="top_k of at most 48"):
+        plan_run_memory(PlannedRun(small, condition, sampling_for(False), wide, random_drafter(small), compile="off"))
+    model = pair[0]  # 512 codes
+    relaxed = JacobiConfig(8, coupled=True, init="sample_left", relaxation=Relaxation(k=10, lam=5.0))
+    with pytest.raises(ConfigError, match="neighbour table"):
+        plan_run_memory(PlannedRun(model, condition, sampling_for(False), relaxed, compile="off"))
