@@ -123,9 +123,10 @@ def build_prefix(model: ImageTransformer, condition: Condition, guided: bool) ->
     if config.model_type == "c2i":
         if condition.labels is None:
             raise ConfigError("condition", "class labels for a class-conditional (c2i) model", "a caption")
-        labels = condition.labels.to(device)
+        labels = condition.labels  # checked where it was made (the host): no device sync before capture
         if labels.numel() and (labels.min() < 0 or labels.max() >= config.num_classes):
             raise ConfigError("class label", f"an integer in 0..{config.num_classes - 1}", labels.tolist())
+        labels = labels.to(device)
         if guided:
             labels = torch.cat([labels, torch.full_like(labels, config.num_classes)])
         emb = model.embed_condition(labels)

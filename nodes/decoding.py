@@ -90,8 +90,8 @@ class LanternDecodingConfig(io.ComfyNode):
                 io.Combo.Input("compile", options=list(COMPILE_CHOICES), default="auto",
                                tooltip="auto: on an NVIDIA GPU each decoding step is fused by PyTorch's "
                                        "compiler (Inductor; the first image of a model and shape compiles for a "
-                                       "minute or more, later ones reuse it), then captured once as a CUDA graph "
-                                       "and replayed. graphs: capture without compiling (a few ms; the same "
+                                       "minute or more, later ones reuse it; it rounds where eager rounds, so the "
+                                       "images are off's), then captured once as a CUDA graph and replayed. graphs: capture without compiling (a few ms; the same "
                                        "tokens as off). CPUs and Apple GPUs run eagerly with every choice. off: "
                                        "always eager (for debugging). Every mode uses it: ar steps, draft-tree "
                                        "and Jacobi iterations."),

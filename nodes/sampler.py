@@ -11,7 +11,7 @@ from ..lantern_core.conditioning import Condition
 from ..lantern_core.config import SamplingConfig
 from ..lantern_core.decoding import auto_store, report
 from ..lantern_core.decoding.generate import GenerationResult, generate
-from ..lantern_core.decoding.reservation import PlannedRun, RunMemory, check_run_fits, plan_run_memory
+from ..lantern_core.decoding.reservation import PlannedRun, RunMemory, check_run_fits, mib, plan_run_memory
 from ..lantern_core.models.quantized import quantizable_bytes
 from ..lantern_core.images import to_unit_range
 from ..lantern_core.layout import image_codes
@@ -141,7 +141,7 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
         memory = _plan(run)  # a dry run on the meta device: what this run will allocate
         device = runtime.place(patchers, memory_required=memory.peak if memory else 0)
         if memory is not None:
-            check_run_fits(run, memory, runtime.free_memory(device), quantizable_bytes(model.gpt.model))
+            check_run_fits(run, memory, _free_for(run, memory, device), quantizable_bytes(model.gpt.model))
         # Lumina-mGPT at another size: a view of the placed weights with that grid, for this run only
         gpt = model.gpt.model if cond.grid is None else model.gpt.model.with_grid(*cond.grid)
         condition = condition.to(device)
@@ -154,6 +154,19 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
             result = _decode(gpt, decoding, condition, sampling, generators, neighbors, on_step)
     payload = stats_payload(result, decoding, descriptions)
     return LanternTokens(result.tokens.cpu(), model, payload, cond.grid), payload
+
+
+def _free_for(run: PlannedRun, memory: RunMemory, device: torch.device) -> int:
+    """Free bytes on `device` for `run`. Captured steps of earlier runs keep their KV caches and graph pools
+    between runs (up to `step_graphs.MAX_RUNNERS_PER_MODEL` shapes per model), which ComfyUI does not count:
+    when the run does not fit, those are released first (the next run of their shape captures again)."""
+    free = runtime.free_memory(device)
+    if memory.peak > free:
+        held = step_graphs.held_bytes(run.model)
+        if held and step_graphs.release(run.model):
+            log.info("Lantern: released %s of captured steps kept from earlier runs to fit this one", mib(held))
+            free = runtime.free_memory(device)
+    return free
 
 
 def _plan(run: PlannedRun) -> RunMemory | None:

@@ -32,9 +32,9 @@ class DoneReader:
             return done.tolist()
         mine, older = self.turn % 2, (self.turn + 1) % 2
         self.slots[mine].copy_(done, non_blocking=True)
-        if done.device.type == "cuda":
+        if done.device.type == "cuda":  # behind the copy on the counts' own device (not the current one)
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(done.device))
             self.events[mine] = event
         self.turn += 1
         if self.turn == 1:

@@ -169,7 +169,8 @@ def sample_without_replacement(log_q: torch.Tensor, count: int, generator: torch
     where q is below float32's range. Tokens with log q = -inf come last (callers mark them invalid)."""
     if noise is None:  # else Exp(1) draws of shape log_q.shape, made before a captured step
         noise = torch.empty(log_q.shape, dtype=torch.float32, device=log_q.device).exponential_(generator=generator)
-    return (log_q.float() - noise.log()).topk(count, dim=-1).indices
+    # noise may be a strided (G, P / G, V) view of a larger table: its log is contiguous, so the reshape is a view
+    return (log_q.float() - noise.log().reshape(log_q.shape)).topk(count, dim=-1).indices
 
 
 @dataclass
@@ -289,8 +290,11 @@ def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: Dyna
     ranks = torch.arange(K, device=device)  # made on the step's device: a CPU index would sync (and fail capture)
     frontier = ranks.expand(G, K)  # pool ids of the frontier
     feat_in = session.root_feature[:, None].expand(rows, K, dim)
-    ancestry = torch.zeros(G, K, D * K, dtype=torch.bool, device=device)  # over drafter tree slots
-    ancestry[:, ranks, ranks] = True
+    # over drafter tree slots; a node sees itself: written as the device's own K x K identity, since a Python
+    # True through an index would be a CPU tensor copied to the device (a sync, and refused by capture)
+    itself = torch.eye(K, dtype=torch.bool, device=device)  # (K, K)
+    ancestry = torch.zeros(G, K, D * K, dtype=torch.bool, device=device)
+    ancestry[:, :, :K] = itself
     created = K
     for level in range(2, D + 1):
         slots = torch.arange((level - 2) * K, (level - 1) * K, device=device)  # this frontier's slots
@@ -308,7 +312,7 @@ def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: Dyna
         score, tok = c_score.gather(1, best), c_tok.gather(1, best)
         feat_in = out.gather(1, per_row(parent_slot, rows)[..., None].expand(-1, -1, dim))
         ancestry = ancestry[gi, parent_slot]  # (G, K, D*K): inherit the parent's ancestors
-        ancestry[:, ranks, (level - 1) * K + ranks] = True
+        ancestry[:, :, (level - 1) * K:level * K] |= itself
     all_tok, all_score, all_parent = torch.cat(pool_tok, 1), torch.cat(pool_score, 1), torch.cat(pool_parent, 1)
     # keep the best `nodes`; a stable sort puts a parent (created first, score >= child) before its children
     keep = torch.sort(-all_score, dim=1, stable=True).indices[:, : shape.nodes]

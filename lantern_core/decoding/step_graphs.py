@@ -20,6 +20,7 @@ the kernel counter and the tests. This module does not choose devices; it follow
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import weakref
@@ -37,6 +38,7 @@ COMPILE_CHOICES = ("auto", "graphs", "off")
 SLOT_BUCKET = 64  # captured cache lengths and attention windows are multiples of this
 MAX_RUNNERS_PER_MODEL = 3  # step shapes kept per model (each holds its own KV cache)
 WARMUP_STEPS = 2
+COMPILE_BACKEND = "inductor"  # what compile "auto" fuses steps with (the tests swap in cheaper back ends)
 
 
 def check_compile(choice: str) -> str:
@@ -150,11 +152,39 @@ def layout_for(compile: str, device: torch.device) -> RunLayout:
                      compiled=uses_inductor(compile, device))
 
 
+def inductor_options() -> dict:
+    """Inductor's options for our steps: `emulate_precision_casts` rounds every fused intermediate to the
+    model dtype where eager rounds it (bf16 after each op), so a compiled step gives eager's tokens; without
+    it a bf16 step diverged from eager within a few tokens. Options a torch version lacks are left out."""
+    from torch._inductor import config as inductor_config
+
+    wanted = {"emulate_precision_casts": True}
+    return {name: value for name, value in wanted.items() if hasattr(inductor_config, name)}
+
+
+_STEP_CODES = itertools.count()
+
+
+def _own_code(step: Callable[[Hashable], None]) -> Callable[[Hashable], None]:
+    """`step` behind a function with a code object of its own. Dynamo keeps its compiled graphs per code object,
+    and every runner's step is a lambda from one source line, so without this every shape of a session would
+    count against one code object's recompile limit (8): past it `fullgraph=True` raises and the step would
+    fall back to uncompiled. With its own code object each runner shape compiles once, on its own."""
+    def forward(variant: Hashable) -> None:
+        return step(variant)
+
+    forward.__code__ = forward.__code__.replace(co_name=f"lantern_step_{next(_STEP_CODES)}")
+    return forward
+
+
 def compiled_step(step: Callable[[Hashable], None], what: str) -> Callable[[Hashable], None]:
-    """`step` fused by Inductor (`fullgraph=True, dynamic=False`), compiled at its first call (a capture's warm-up,
-    so before any graph is recorded) and reused for every later image of the shape; with torch's on-disk cache,
-    across restarts too. A step that fails to compile warns once and runs as it is (eager, or captured as it is)."""
-    compiled = torch.compile(step, backend="inductor", fullgraph=True, dynamic=False)
+    """`step` fused by Inductor (`fullgraph=True, dynamic=False`, eager's rounding: `inductor_options`),
+    compiled at its first call (a capture's warm-up, so before any graph is recorded) and reused for every later
+    image of the shape; with torch's on-disk cache, across restarts too. A step that fails to compile runs as it
+    is (eager, or captured as it is): said once in the log and to the `reporting` listener (the node's progress
+    text), never silently."""
+    options = inductor_options() if COMPILE_BACKEND == "inductor" else None
+    compiled = torch.compile(_own_code(step), backend=COMPILE_BACKEND, fullgraph=True, dynamic=False, options=options)
     state = {"compiled": False, "failed": False}
 
     def run(variant: Hashable) -> None:
@@ -167,8 +197,9 @@ def compiled_step(step: Callable[[Hashable], None], what: str) -> Callable[[Hash
             out = compiled(variant)
         except Exception as error:  # the compiler must never fail an image
             state["failed"] = True
-            log.warning("Inductor could not compile the %s step (%s: %s); capturing it uncompiled", what,
-                        type(error).__name__, str(error)[:300])
+            log.warning("Inductor could not compile the %s step (%s: %s)", what, type(error).__name__,
+                        str(error)[:300])
+            announce(f"Inductor could not compile the {what} step; running it uncompiled (slower, same tokens)")
             return step(variant)
         state["compiled"] = True
         return out
@@ -220,22 +251,24 @@ def weights_signature(model: torch.nn.Module) -> tuple:
 
 def capture(step: Callable[[], None], device: torch.device, pool=None,
             prepare: Callable[[], None] = lambda: None) -> "torch.cuda.CUDAGraph":
-    """Warm `step` up on a side stream, then record it. Warm-up runs real steps, each after `prepare()` (which
-    puts the buffers in a valid state, outside the recording); the caller resets the buffers afterwards.
-    Raises what capture raises."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(WARMUP_STEPS):
-            prepare()
+    """Warm `step` up on a side stream, then record it, all with `device` current (the graph's own capture
+    stream and the streams it waits on belong to the current device, which need not be the model's on a
+    machine with several GPUs). Warm-up runs real steps, each after `prepare()` (which puts the buffers in a
+    valid state, outside the recording); the caller resets the buffers afterwards. Raises what capture raises."""
+    with torch.cuda.device(device):
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(WARMUP_STEPS):
+                prepare()
+                step()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        prepare()
+        graph = torch.cuda.CUDAGraph()
+        # thread-local: another thread of the host (ComfyUI runs several) touching CUDA meanwhile does not break it
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             step()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    prepare()
-    graph = torch.cuda.CUDAGraph()
-    # thread-local: another thread of the host (ComfyUI runs several) touching CUDA meanwhile does not break it
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-        step()
-    torch.cuda.synchronize(device)
+        torch.cuda.synchronize(device)
     return graph
 
 
@@ -316,18 +349,61 @@ def _pool(model: torch.nn.Module):
     return pool
 
 
+def weights_owner(model: torch.nn.Module) -> torch.nn.Module:
+    """The model whose weights `model` uses: itself, or the model a grid view (`with_grid`) views."""
+    return model.__dict__.get("grid_base", model)
+
+
+def _models_of(owner: torch.nn.Module) -> list[torch.nn.Module]:
+    """`owner` and its grid views that hold runners (called with the registry lock held)."""
+    return [m for m in list(_REGISTRY.runners.keys()) if weights_owner(m) is owner]
+
+
 def release(model: torch.nn.Module) -> int:
-    """Free every captured step of `model` (graphs, their memory pool, static buffers), and every captured step
-    of another model that reads `model` too (a drafter's trees). Returns how many."""
+    """Free every captured step of `model` and of the grid views of its weights (graphs, their memory pool,
+    static buffers), and every captured step of another model that reads `model` too (a drafter's trees).
+    Returns how many."""
     with _REGISTRY.lock:
-        runners = list(_REGISTRY.runners.pop(model, OrderedDict()).values())
-        _REGISTRY.pools.pop(model, None)
+        runners = []
+        for held_by in _models_of(weights_owner(model)):
+            runners.extend(_REGISTRY.runners.pop(held_by, OrderedDict()).values())
+            _REGISTRY.pools.pop(held_by, None)
         for held in _REGISTRY.runners.values():
             for key in [k for k, r in held.items() if id(model) in r.also]:
                 runners.append(held.pop(key))
         for runner in runners:
             runner.release()
         return len(runners)
+
+
+def tensor_bytes(held: Any, seen: set[int] | None = None) -> int:
+    """Bytes of the distinct tensors (by storage) reachable from `held` through dataclass fields, objects'
+    attributes, lists, tuples and dicts (a runner's static buffers: caches, tables, counters)."""
+    seen = set() if seen is None else seen
+    if isinstance(held, torch.Tensor):
+        storage = held.untyped_storage()
+        key = ("storage", held.device, storage.data_ptr())
+        if held.device.type == "meta" or key in seen:
+            return 0
+        seen.add(key)
+        return storage.nbytes()
+    if ("object", id(held)) in seen or isinstance(held, (torch.nn.Module, str, bytes, int, float, bool, type(None))):
+        return 0  # modules are weights, counted by their owner
+    seen.add(("object", id(held)))
+    if isinstance(held, dict):
+        return sum(tensor_bytes(v, seen) for v in held.values())
+    if isinstance(held, (list, tuple)):
+        return sum(tensor_bytes(v, seen) for v in held)
+    fields = getattr(held, "__dict__", None)
+    return sum(tensor_bytes(v, seen) for v in fields.values()) if fields else 0
+
+
+def held_bytes(model: torch.nn.Module) -> int:
+    """Bytes the captured runners of `model` (and of grid views of its weights) keep between runs in their static buffers (their graph pools'
+    intermediates come on top): memory that ComfyUI's model accounting does not see."""
+    with _REGISTRY.lock:
+        return sum(tensor_bytes(r.buffers) for m in _models_of(weights_owner(model))
+                   for r in _REGISTRY.runners[m].values())
 
 
 def cached_runners(model: torch.nn.Module) -> int:

@@ -14,16 +14,20 @@ E[tokens] / (verify(n) + depth x drafter) wins. This module measures and chooses
 """
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
+from . import step_graphs
 from .generate import synchronize
 from ..models.drafter import EagleDrafter
 from ..models.gpt import ForwardStep, ImageTransformer
 from .tree import TreeSpec
+
+log = logging.getLogger("lantern_core.tree_select")
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -44,7 +48,14 @@ class CostCurve:
 
 
 def _time(fn, device: torch.device, reps: int) -> float:
-    """Median seconds of `reps` calls after one warm-up call."""
+    """Median seconds of `reps` calls after one warm-up call. On CUDA the call is timed as runs make it: a
+    captured graph's replay (an eager forward pays every launch from Python, several times a replay's cost
+    at batch 1, which would bias `auto` towards fewer, larger forwards); eager where capture fails."""
+    if device.type == "cuda":
+        try:
+            fn = step_graphs.capture(fn, device).replay
+        except Exception as error:  # timing must never fail the run: eager forwards then
+            log.info("timing eager forwards for auto (capture failed: %s)", error)
     fn()
     times = []
     for _ in range(reps):

@@ -118,7 +118,7 @@ class TreeState:
     done: torch.Tensor  # (G,) long: image tokens decoded (the root of the next tree is tokens[g, done - 1])
     tokens: torch.Tensor  # (G, N + 2 (depth + 1)) long: the images, padded by two paths
     per_cell: torch.Tensor  # (G, N + 2 (depth + 1)) int32: tokens accepted by the forward that produced each cell
-    noise: list[torch.Tensor]  # Exp(1) draws per depth for sampled static trees, (G * P_d, V) (else empty)
+    noise: list[torch.Tensor]  # Exp(1) draws per depth for sampled static trees, (G, P_d, V) views of `draws`
     uniforms: torch.Tensor  # (G, N, depth, C + 1) the walk's uniforms per image, row t for its iteration t
     iteration: torch.Tensor  # (G,) long iterations each image has taken (its row of `uniforms`)
     neighbors: torch.Tensor | None  # (V, k) relaxation table, copied in before each batch
@@ -127,6 +127,7 @@ class TreeState:
     absorbed: torch.Tensor  # (2,) float32: relaxed mass summed and max over accepted tokens
     relaxed: torch.Tensor  # () long: accepted tokens that used absorbed mass
     forwards_per_iteration: int = 0  # drafter forwards one iteration runs
+    draws: torch.Tensor | None = None  # (G, sum_d P_d V) every depth's Exp(1) draws, image by image (or None)
 
     @classmethod
     def allocate(cls, model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape, plan: StaticPlan | None,
@@ -137,20 +138,20 @@ class TreeState:
         V, G = model.config.vocab_size, shape.trees
         width = shape.tree.top_k if shape.dynamic else plan.children.shape[-1]
         sampled = not shape.dynamic and not shape.sampling.greedy
-        noise = [torch.ones(s, device=device) for s in noise_shapes(plan, G, V)] if sampled else []
+        draws = torch.ones(G, sum(p * v for p, v in noise_shapes(plan, 1, V)), device=device) if sampled else None
         padded = shape.image_tokens + 2 * (shape.depth + 1)
         levels = shape.depth - 1 if shape.dynamic else sum(1 for g in plan.expand_at[1:] if g.numel())
         long = dict(dtype=torch.long, device=device)
         return cls(
             cache=model.allocate_cache(shape.rows, shape.slots), key_valid=key_valid, session=session,
             length=torch.zeros(shape.rows, **long), done=torch.ones(G, **long), tokens=torch.zeros(G, padded, **long),
-            per_cell=torch.ones(G, padded, dtype=torch.int32, device=device), noise=noise,
+            per_cell=torch.ones(G, padded, dtype=torch.int32, device=device), noise=depth_noise(draws, plan, V),
             uniforms=torch.full((G, shape.image_tokens, shape.depth, width + 1), 0.5, device=device),
             iteration=torch.zeros(G, **long),
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),
             histogram=torch.zeros(G, shape.depth + 1, **long), by_node=torch.zeros(shape.nodes + 1, **long),
             absorbed=torch.zeros(2, device=device), relaxed=torch.zeros((), **long),
-            forwards_per_iteration=levels + 1)
+            forwards_per_iteration=levels + 1, draws=draws)
 
     def reset_counters(self) -> None:
         for t in (self.histogram, self.by_node, self.absorbed, self.relaxed):
@@ -183,17 +184,17 @@ class TreeState:
         index = torch.tensor(rows, dtype=torch.long, device=device)
         key_valid = self.key_valid.index_select(0, index)
 
-        def per_tree(buffer: torch.Tensor) -> torch.Tensor:  # (G * P, V) -> (len(images) * P, V)
-            return keep_rows(buffer.view(G, -1, buffer.shape[-1]), images).reshape(-1, buffer.shape[-1])
-
+        draws = None if self.draws is None else keep_rows(self.draws, images)  # (len(images), sum_d P_d V)
+        sizes = [b.shape[1:] for b in self.noise]  # (P_d, V) per depth
         return TreeState(
             cache=self.cache.keep_rows(rows), key_valid=key_valid, session=self.session.keep_rows(rows, key_valid),
             length=self.length.index_select(0, index), done=self.done.index_select(0, keep),
             tokens=self.tokens.index_select(0, keep), per_cell=self.per_cell.index_select(0, keep),
-            noise=[per_tree(b) for b in self.noise], uniforms=keep_rows(self.uniforms, images),
+            noise=split_noise(draws, sizes), uniforms=keep_rows(self.uniforms, images),
             iteration=self.iteration.index_select(0, keep),
             neighbors=self.neighbors, histogram=self.histogram.index_select(0, keep), by_node=self.by_node,
-            absorbed=self.absorbed, relaxed=self.relaxed, forwards_per_iteration=self.forwards_per_iteration)
+            absorbed=self.absorbed, relaxed=self.relaxed, forwards_per_iteration=self.forwards_per_iteration,
+            draws=draws)
 
     def release(self) -> None:
         self.cache.release()
@@ -251,20 +252,31 @@ def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length:
     return Verification(walk, hidden)
 
 
+def split_noise(draws: torch.Tensor | None, sizes: list[torch.Size]) -> list[torch.Tensor]:
+    """Per-depth views (G, P_d, V) of the draws (G, sum_d P_d V), laid out image by image, depth by depth."""
+    if draws is None:
+        return []
+    views, start = [], 0
+    for parents, vocab in sizes:
+        views.append(draws[:, start:start + parents * vocab].unflatten(1, (parents, vocab)))  # (G, P_d, V)
+        start += parents * vocab
+    return views
+
+
+def depth_noise(draws: torch.Tensor | None, plan: StaticPlan | None, vocab: int) -> list[torch.Tensor]:
+    return [] if draws is None else split_noise(draws, [torch.Size(s) for s in noise_shapes(plan, 1, vocab)])
+
+
 def draw_iteration_noise(state: TreeState, generators: list[torch.Generator | None],
                          active: list[bool] | None = None) -> None:
-    """Before each iteration of a sampled static tree: the drafter's Exp(1) draws, image g from
-    `generators[g]` depth by depth, as `draft_static` draws them from a generator. Images not `active` (done)
+    """Before each iteration of a sampled static tree: the drafter's Exp(1) draws for every depth, image g's in
+    one call from `generators[g]` (one launch per image, not per image and depth). Images not `active` (done)
     draw nothing; other trees draw nothing here. Runs eagerly, outside capture."""
-    if not state.noise:
+    if state.draws is None:
         return
-    G = state.done.shape[0]
     for g, generator in enumerate(generators):
-        if active is not None and not active[g]:
-            continue
-        for buffer in state.noise:
-            per_tree = buffer.shape[0] // G
-            buffer[g * per_tree:(g + 1) * per_tree].exponential_(generator=generator)
+        if active is None or active[g]:
+            state.draws[g].exponential_(generator=generator)
 
 
 def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> None:

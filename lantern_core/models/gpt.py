@@ -246,20 +246,28 @@ class ImageTransformer(Fp32Rope):
     def with_grid(self, rows: int, cols: int) -> "ImageTransformer":
         """This model drawing `rows` x `cols` codes (Lumina-mGPT's sizes): a view sharing every parameter,
         buffer and submodule (nothing is copied), with its own config and, when the image is longer than the
-        table, its own 1-D RoPE table. Make it after placing the model and use it for one run: a later
-        .to() moves the model's buffers, not the view's. 1-D RoPE models only (2-D RoPE ties the table to
-        the trained square grid)."""
+        table, its own 1-D RoPE table. Views are kept per grid (`grid_base` names the model they view), so the
+        captured steps of a size are reused by every later run of that size and released with the model;
+        a view whose RoPE table is not where the model's is (the model moved) is made again. 1-D RoPE models
+        only (2-D RoPE ties the table to the trained square grid)."""
         config = self.config.with_grid(rows, cols)
         if config == self.config:
             return self
         if config.rope_dims != 1:
             raise ConfigError("image size", f"the {self.config.grid_size}x{self.config.grid_size} token grid this "
                               "2-D RoPE model was trained on", f"{rows}x{cols} tokens", "choose auto")
+        views = self.__dict__.setdefault("_grid_views", {})
+        view = views.get((rows, cols))
+        if view is not None and view.rope_table.device == self.rope_table.device:
+            return view
         view = copy.copy(self)  # a new __dict__ holding the same parameter, buffer and module dicts
         view.__dict__["_buffers"] = dict(self._buffers)  # so the view's RoPE table is its own
+        view.__dict__["_grid_views"] = {}
+        view.__dict__["grid_base"] = self
         view.config = config
         if view.rope_table.shape[0] < config.max_seq_len + ROPE_EXTRA_ROWS:
             view._buffers["rope_table"] = view._build_rope().to(self.rope_table.device)
+        views[(rows, cols)] = view
         return view
 
     def constrain_logits(self, logits: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
@@ -303,7 +311,7 @@ class LlamaGenGPT(ImageTransformer):
         nn.init.zeros_(self.output.weight)
         if isinstance(self.cls_embedding, CaptionEmbedder):
             buf = self.cls_embedding.uncond_embedding
-            buf.copy_(torch.randn(buf.shape, generator=generator) / buf.shape[1] ** 0.5)
+            buf.copy_(torch.randn(buf.shape, generator=generator, device=buf.device, dtype=buf.dtype) / buf.shape[1] ** 0.5)
 
     def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
         """c2i: labels (B,) long -> (B, 1, dim). t2i: caption features (B, T_cap, caption_dim) -> (B, T_cap, dim)."""

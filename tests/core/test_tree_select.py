@@ -77,3 +77,26 @@ def test_measured_curve_and_auto_runs_calibrate_once(monkeypatch):
                                  SpeculativeConfig(tree="auto"), make_generators(5, 1))
     assert "calibrated" in other.stats.tree  # a different sampling setting calibrates afresh
     assert torch.all(again.tokens >= 0)
+
+
+def test_auto_times_forwards_as_runs_make_them_on_cuda(monkeypatch):
+    """On CUDA the cost curve times a captured graph's replay (what a run replays), not the eager call; capture
+    is stood in for here (`stand_in_graphs`) and the device is only named."""
+    import lantern_core.decoding.tree_select as tree_select
+    from lantern_core.decoding import step_graphs
+    from stand_in_graphs import stand_in_capture
+
+    captured = []
+
+    def capture(step, device, pool=None, prepare=lambda: None):
+        graph = stand_in_capture(step_graphs)(step, device, pool, prepare)
+        captured.append(graph)
+        return graph
+
+    monkeypatch.setattr(step_graphs, "capture", capture)
+    monkeypatch.setattr(tree_select, "synchronize", lambda device: None)
+    calls = []
+    assert tree_select._time(lambda: calls.append(1), torch.device("cuda"), reps=3) >= 0
+    (graph,) = captured
+    assert graph.replays == 1 + 3  # the warm-up call and every timed call replayed the graph
+    assert tree_select._time(lambda: calls.append(1), torch.device("cpu"), reps=3) >= 0 and len(captured) == 1
