@@ -1,12 +1,16 @@
 """Weight-only quantization of the transformer blocks' linear layers: int8 and fp8 (e4m3).
 
 Each output channel (row of the (out, in) weight) gets one scale, symmetric around zero: int8 holds
-round(w / s) with s = max|w_row| / 127, fp8 holds w / s rounded to e4m3 with s = max|w_row| / 448. The
-forward is `linear(x, q.to(x.dtype)) * s`: the per-row scale factors out of the GEMM, so the eager path is
-dequantize-then-GEMM (two extra elementwise kernels per linear: the convert and the scale) and a compiled
-step fuses the convert into the GEMM's prologue (gpt-fast's weight-only int8). Scales are held in the compute
-dtype (they are rounded to it before the weights are quantized against them, so the dequantized weight is
-q * s exactly in that dtype).
+round(w / s) with s = max|w_row| / 127, fp8 holds w / s rounded to e4m3 with s = max|w_row| / 448. Scales are
+held in the compute dtype (rounded to it before the weights are quantized against them, so the dequantized
+weight is q * s with s exactly as stored).
+
+The matmul (docs/quantized_matmul.md). A decode step multiplies a few rows (batch x CFG x tokens) by every
+weight, so it is bound by the bytes it reads. Up to `FUSED_ROWS` rows, `fused_matmul` reads each stored
+byte once and never forms a dequantized weight: traced inline when Inductor compiles the step (compile
+"auto"), and on CUDA otherwise ("graphs", "off") through `run_fused`, the same function compiled by Inductor
+once per shape. Elsewhere (CPU, MPS, more rows, or no working Inductor) the forward is
+`linear(x, q.to(x.dtype)) * s`: one layer's weight dequantized transiently, two extra kernels per linear.
 
 What is quantized: `wqkv`, `wo`, `w13`, `w2` of every `TransformerBlock` (about 97 % of a 7B target's bytes).
 Embeddings, norms, the image head and the drafter stay in the compute dtype. This module does not load
@@ -14,13 +18,19 @@ files (`loading/checkpoints.py` reads quantized tensors strictly) and picks no d
 """
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 
 from ..errors import ConfigError
+
+log = logging.getLogger("lantern_core.quantized")
 
 LINEARS = (("attention", "wqkv"), ("attention", "wo"), ("feed_forward", "w13"), ("feed_forward", "w2"))
 
@@ -39,6 +49,8 @@ SCHEMES = {
     "fp8": Scheme("fp8", torch.float8_e4m3fn, 448.0),
 }
 WEIGHT_CHOICES = ("none", *SCHEMES)
+FUSED_ROWS = 16  # at most this many rows (batch x CFG x tokens) take `fused_matmul`; 0 turns it off
+KERNEL_DEVICES = ("cuda",)  # where an uncompiled forward runs the compiled `fused_matmul` (`run_fused`)
 
 
 def scheme_named(name: str) -> Scheme | None:
@@ -69,6 +81,62 @@ def quantize_weight(weight: torch.Tensor, scheme: Scheme, scale_dtype: torch.dty
     return scaled.to(scheme.storage), scale
 
 
+def fused_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(rows, in) x quantized (out, in) -> (rows, out) in x's dtype: each row's dot products with the stored
+    weight, accumulated in float32, times the scale, rounded once. Written for Inductor: the rows' reductions
+    share one loop over `in`, which loads and converts each stored weight once (a GEMV over 1-byte weights,
+    half of bf16's bytes). Eagerly it would form a float32 weight per row: call it under Inductor only
+    (inline in a compiled step, or through `run_fused`)."""
+    dots = [(weight.float() * x[row].float()).sum(-1) for row in range(x.shape[0])]
+    return (torch.stack(dots) * scale.float()).to(x.dtype)
+
+
+_kernels: dict[tuple, Callable] = {}  # (shapes, strides, dtypes, device) -> compiled fused_matmul
+_failed: set[tuple] = set()  # (device type, weight dtype) where compiling fused_matmul failed once
+_compile_lock = threading.Lock()
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def run_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
+    """`fused_matmul(x, weight, scale)` through Inductor, compiled at a shape's first call (seconds; kept for
+    the session, and on disk by Inductor's cache) and autotuned by that call. None where it cannot run: while
+    a CUDA graph captures a shape not compiled yet (compiling inside a capture would break it; the step runners
+    warm every shape up first), or where compiling failed once for this device kind and weight format (no
+    Triton, an fp8 conversion the GPU lacks: one warning, then the caller's dequantize + GEMM)."""
+    x = x.contiguous()
+    key = (tuple(x.shape), tuple(weight.shape), weight.stride(), x.dtype, weight.dtype, scale.dtype, x.device)
+    kernel = _kernels.get(key)
+    if kernel is not None:
+        return kernel(x, weight, scale)
+    kind = (x.device.type, weight.dtype)
+    if kind in _failed or _capturing(x.device):
+        return None
+    with _compile_lock:
+        if key in _kernels:  # another thread compiled it meanwhile
+            return _kernels[key](x, weight, scale)
+        try:
+            from torch._inductor import compile as inductor_compile
+            from torch.fx.experimental.proxy_tensor import make_fx
+
+            log.info("compiling the fused %s matmul for %d rows x %s (once per shape)", weight.dtype, x.shape[0],
+                     tuple(weight.shape))
+            graph = make_fx(fused_matmul, tracing_mode="fake")(x, weight, scale)
+            options = {"coordinate_descent_tuning": True} if x.device.type == "cuda" else {}
+            kernel = inductor_compile(graph, [x, weight, scale], options=options)
+            out = kernel(x, weight, scale)  # the first call autotunes: never inside a capture
+        except Exception as error:  # a missing compiler must not fail an image: dequantize instead
+            _failed.add(kind)
+            log.warning("Inductor could not compile the fused %s matmul on %s (%s: %s); int8/fp8 linear layers "
+                        "dequantize their weight at every call instead (slower)", weight.dtype, x.device.type,
+                        type(error).__name__, error)
+            return None
+        _kernels[key] = kernel
+    return out
+
+
 class QuantizedLinear(nn.Module):
     """A bias-free linear layer over a quantized weight (out, in) and its per-row scale (out,)."""
 
@@ -90,6 +158,18 @@ class QuantizedLinear(nn.Module):
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows, shape = x.numel() // self.in_features, (*x.shape[:-1], self.out_features)
+        compiling = torch.compiler.is_compiling()
+        if 0 < rows <= FUSED_ROWS and (compiling or (x.device.type in KERNEL_DEVICES and not is_fake(x))):
+            x2d = x.reshape(rows, self.in_features)
+            out = fused_matmul(x2d, self.weight, self.scale) if compiling else run_fused(x2d, self.weight,
+                                                                                         self.scale)
+            if out is not None:
+                return out.view(shape)
+        if compiling:  # scale before the reshape: Inductor rewrites `linear(x, q.to()) * s` on int8 into
+            # aten._weight_int8pack_mm, one thread per output on CUDA (far slower than dequantize + GEMM)
+            x2d = x.reshape(rows, self.in_features)
+            return (torch.mm(x2d, self.weight.to(x.dtype).t()) * self.scale.to(x.dtype)).view(shape)
         return F.linear(x, self.weight.to(x.dtype)) * self.scale.to(x.dtype)
 
     def _apply(self, fn, recurse=True):
