@@ -79,7 +79,8 @@ def test_an_ar_step_stays_within_its_kernel_budget(dtype):
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 def test_a_quantized_ar_step_adds_two_kernels_per_linear_and_stays_capturable(fmt):
-    """Eagerly a quantized linear is convert + GEMM + scale (a compiled step fuses the convert into the GEMM):
+    """Eagerly on the CPU a quantized linear is convert + GEMM + scale (on CUDA, and in a compiled step, a decode
+    step's few rows take `fused_matmul` instead: test_quantized_matmul.py):
     4 linears per block, 2 kernels more each; nothing read from the host, nothing made off the device."""
     from lantern_core.models.quantized import quantize_blocks, scheme_named
 
