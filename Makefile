@@ -100,8 +100,11 @@ bench: $(STAMP)
 ## mode on GPT-XL shapes next to one AR step, end-to-end speed-ups on the embedded model, images/s at batch 1, 4
 ## and 8, then the prompted families' 7B shapes, the HF-port caption states' cost on GPT-XL t2i and
 ## one-image-per-call VQ decoding next to batched, then a 7B shape's AR step time and peak memory in bf16, int8
-## and fp8 (quantization_cuda_bfloat16.*). Every part writes its report even when another part fails; the target fails if any did.
-## GPU machines may bring their own PyTorch: `make bench-cuda PY=python3` skips the venv.
+## and fp8 (quantization_cuda_bfloat16.*). Every benchmark rewrites its report after each row, and every part runs
+## even when another fails; the target fails if any did. GPU machines may bring their own PyTorch:
+## `make bench-cuda PY=python3` skips the venv. On a device lent in calls of at most 8 minutes, run
+## bench/gpu_check.sh instead (`OUT=$OUT PART=1 bash bench/gpu_check.sh`, then PART=2): test-cuda and these
+## benchmarks with bounded arguments, each under its own timeout, packed into one archive per part.
 bench-cuda: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 	@status=0; \
 	$(PY) -m lantern_core.benchmarks.decode_counts --device cuda --dtype bfloat16 --out bench/results || status=1; \
@@ -117,6 +120,7 @@ bench-cuda: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 
 ## The tests that need an NVIDIA GPU (captured CUDA graphs give the eager tokens, capture reuse and release);
 ## `make test` skips them on a machine without one. `make test-cuda PY=python3` on a machine with its own PyTorch.
+## bench/gpu_check.sh runs them first (PART=1); `make test` runs that script's CPU dry run (GPU_CHECK_DRY=1).
 test-cuda: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 	$(PY) -m pytest -q -m cuda -rs tests/core
 

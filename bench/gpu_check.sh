@@ -1,30 +1,181 @@
 #!/usr/bin/env bash
-# The whole GPU check in one run (at most ~10 minutes of step budgets on one H200; ~8 expected): `make test-cuda`, then each `make bench-cuda` part
-# under its own timeout. Every log and report is copied to $OUT as soon as it exists, so a part that is killed
-# loses nothing of the others. Uses the machine's own python3 (PY=... to change it); no venv needed.
-#   OUT=/tmp/gpu bash bench/gpu_check.sh
+# The GPU check (one H200), in two device calls of at most 8 minutes each:
+#   OUT=$OUT PART=1 bash bench/gpu_check.sh   # environment, `make test-cuda`, decode_counts, ar, iteration_cost
+#   OUT=$OUT PART=2 bash bench/gpu_check.sh   # speculative, batched, families, prefix_states, decode, quantization
+# PART=all (the default) runs both, for local use. Every step runs under `timeout` with a budget its arguments can
+# meet (the budgets of a part sum to at most 420 s, Python start-up and compiles included) and logs to its own
+# file; every benchmark rewrites its report after each row, so a step that runs out of time keeps what it measured.
+# After every step the part's logs, the reports it wrote and its summary are packed into ONE archive,
+# $OUT/gpu_check_part<N>.tar.gz (overwritten), and $OUT/summary_part<N>.txt gets the step's line: at most 4 files
+# in $OUT. The end prints a one-screen summary; the exit status is 1 if any step failed or timed out (a failing
+# step never stops the others). Uses the machine's python3 (PY=... to change it; torch 2.11 or later, no venv);
+# reports go to RESULTS (default bench/results).
+#   GPU_CHECK_DRY=1: the same steps on the CPU with tiny shapes (every step's code path, the same report files and
+#     archives; reports into a scratch folder unless RESULTS is set); tests/core/test_gpu_check_dry.py runs it.
+#   GPU_CHECK_MAX_BUDGET=s: no step gets more than s seconds (a quick look; the tests use it).
 set -u
-OUT=${OUT:-bench/gpu_out}
+
+PART=${PART:-all}
 PY=${PY:-python3}
-mkdir -p "$OUT" bench/results
-collect() { cp bench/results/*cuda* "$OUT"/ 2>/dev/null || true; }
-step() {
-  local name=$1 limit=$2; shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc ${SECONDS}s-total $((SECONDS - start))s" | tee -a "$OUT/steps.txt"
-  collect
+OUT=${OUT:-bench/gpu_out}
+DRY=${GPU_CHECK_DRY:-0}
+MAX_BUDGET=${GPU_CHECK_MAX_BUDGET:-0}
+KILL_AFTER=5  # seconds a step gets after its budget's SIGTERM before SIGKILL
+
+# part, step, budget in seconds. A part's budgets plus KILL_AFTER per step stay under 480 s (8 minutes);
+# tests/core/test_gpu_check_dry.py checks it.
+STEPS="
+1 environment     20
+1 test-cuda       90
+1 decode_counts   40
+1 ar             170
+1 iteration_cost 100
+2 speculative     75
+2 batched         75
+2 families        90
+2 prefix_states   30
+2 decode          25
+2 quantization   120
+"
+
+case $PART in 1|2|all) ;; *) echo "PART must be 1, 2 or all (got '$PART')" >&2; exit 2 ;; esac
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+if [ -n "${RESULTS:-}" ]; then mkdir -p "$RESULTS" && RESULTS=$(cd "$RESULTS" && pwd); fi
+cd "$(dirname "$0")/.." || exit 2  # the repository root
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+if [ "$DRY" = 1 ]; then
+  DEVICE=cpu RESULTS=${RESULTS:-$WORK/results}
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # tiny shapes: threads only contend
+else
+  DEVICE=cuda RESULTS=${RESULTS:-$PWD/bench/results}
+fi
+mkdir -p "$RESULTS"
+export PY GPU_CHECK_DRY=$DRY
+
+report_environment() {  # the GPU, its driver, torch and CUDA; on a GPU run, fails without CUDA
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
+    nvidia-smi
+  else
+    echo "nvidia-smi: not found"
+  fi
+  "$PY" - <<'EOF'
+import os, platform, sys
+from importlib import metadata
+
+import torch
+
+print("python", sys.version.split()[0], platform.machine(), "| torch", torch.__version__, "| CUDA", torch.version.cuda,
+      "| cuda available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability(),
+          "memory GiB", round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))
+for name in ("numpy", "transformers", "safetensors", "pillow", "triton", "scikit-image", "scipy"):
+    try:
+        print(name, metadata.version(name))
+    except metadata.PackageNotFoundError:
+        print(name, "not installed")
+sys.exit(0 if torch.cuda.is_available() or os.environ.get("GPU_CHECK_DRY") == "1" else 1)
+EOF
 }
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-$PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" > "$OUT/torch.txt" 2>&1
-step test-cuda 80 $PY -m pytest -q -m cuda -rs tests/core
-step decode_counts 30 $PY -m lantern_core.benchmarks.decode_counts --device cuda --dtype bfloat16 --no-inductor --out bench/results
-step ar 170 $PY -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --out bench/results
-step iteration_cost 110 $PY -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL --iterations 0 --out bench/results
-step speculative 55 $PY -m lantern_core.benchmarks.speculative --device cuda --dtype bfloat16 --images 8 --out bench/results
-step batched 55 $PY -m lantern_core.benchmarks.batched --device cuda --dtype bfloat16 --images 8 --out bench/results
-step families 40 $PY -m lantern_core.benchmarks.families --device cuda --dtype bfloat16 --images 1 --out bench/results
-step prefix_states 25 $PY -m lantern_core.benchmarks.prefix_states --device cuda --dtype bfloat16 --model GPT-XL --repeats 2 --out bench/results
-step decode 20 $PY -m lantern_core.benchmarks.decode --device cuda --dtype bfloat16 --repeats 3 --out bench/results
-step quantization 150 $PY -m lantern_core.benchmarks.quantization_gpu --device cuda --model 7B --batches 1 4 --compile graphs --out bench/results
+export -f report_environment
+
+mapfile -t CUDA_TESTS < <(grep -l 'mark\.cuda' tests/core/test_*.py)  # collecting only these saves start-up
+[ ${#CUDA_TESTS[@]} -gt 0 ] || CUDA_TESTS=(tests/core)
+
+step_command() {  # CMD: step $1's command, with the GPU's arguments or (dry) tiny ones on the CPU
+  local module=$1 gpu tiny
+  case $1 in
+    environment) CMD=(bash -c report_environment); return ;;
+    test-cuda) CMD=("$PY" -m pytest -q -m cuda -rs -p no:cacheprovider "${CUDA_TESTS[@]}"); return ;;
+    decode_counts)
+      gpu=(--dtype bfloat16 --no-inductor)
+      tiny=(--dtype bfloat16 --no-inductor --shapes --only "static_tree naive_extend_57" "sjd_coupled 2-D") ;;
+    ar)
+      gpu=(--dtype bfloat16)
+      tiny=(--profile smoke) ;;
+    iteration_cost)
+      gpu=(--dtype bfloat16 --model GPT-XL --iterations 32)
+      tiny=(--model tiny --iterations 2) ;;
+    speculative)
+      gpu=(--dtype bfloat16 --images 8 --round 4 --only eagle2 static_tree "lantern delta=0.1" "lantern_pp lambda=5"
+           "sjd_coupled 2-D" "sjd continuation proactive")
+      tiny=(--images 1 --round 1 --only "sjd_coupled 2-D") ;;
+    batched)
+      gpu=(--dtype bfloat16 --images 8 --round 4 --batches 1 4 --only eagle2 static_tree lantern_pp "sjd_coupled 2-D"
+           sjd_2d_relaxed)
+      tiny=(--images 1 --round 1 --batches 1 --only "lantern_pp") ;;
+    families)
+      gpu=(--dtype bfloat16 --images 1 --grid 16 --models chameleon:7b lumina:7b janus:1b)
+      tiny=(--images 1 --grid 4 --train-steps 0 --models chameleon:micro lumina:micro janus:micro) ;;
+    prefix_states)
+      gpu=(--dtype bfloat16 --model GPT-XL --repeats 2)
+      tiny=(--model tiny --grid 2 --repeats 1) ;;
+    decode)
+      gpu=(--dtype bfloat16 --repeats 3)
+      tiny=(--batches 1 2 --llamagen-batches 1 --llamagen-grid 4 --repeats 1) ;;
+    quantization)
+      module=quantization_gpu
+      gpu=(--model 7B --batches 1 4 --compile graphs)
+      tiny=(--model tiny --batches 1 --compile graphs) ;;
+    *) echo "no command for step $1" >&2; CMD=(false); return ;;
+  esac
+  if [ "$DRY" = 1 ]; then gpu=("${tiny[@]}"); fi
+  CMD=("$PY" -m "lantern_core.benchmarks.$module" --device "$DEVICE" --out "$RESULTS" "${gpu[@]}")
+}
+
+start_part() {  # the part's folders, a clean summary line file and the time its reports must be newer than
+  local dir=$WORK/part$1
+  [ -d "$dir" ] && return
+  mkdir -p "$dir/logs" "$dir/results"
+  touch "$dir/.start" "$dir/summary.txt"
+  rm -f "$OUT/summary_part$1.txt" "$OUT/gpu_check_part$1.tar.gz"
+}
+
+pack_part() {  # this part's logs, the reports written since it started and its summary -> one archive in $OUT
+  local dir=$WORK/part$1
+  find "$RESULTS" -maxdepth 1 -type f -newer "$dir/.start" \
+    \( -name "*_${DEVICE}_*.json" -o -name "*_${DEVICE}_*.md" \) -exec cp -p {} "$dir/results/" \;
+  cp "$dir/summary.txt" "$OUT/summary_part$1.txt"
+  tar -czf "$WORK/part$1.tar.gz" -C "$WORK" --exclude .start "part$1" && \
+    mv -f "$WORK/part$1.tar.gz" "$OUT/gpu_check_part$1.tar.gz"
+}
+
+run_step() {  # part, step, budget: run the step under its budget, log it, record its line, pack the part
+  local part=$1 name=$2 budget=$3 start=$SECONDS rc took status
+  if [ "$MAX_BUDGET" -gt 0 ] && [ "$budget" -gt "$MAX_BUDGET" ]; then budget=$MAX_BUDGET; fi
+  start_part "$part"
+  step_command "$name"
+  echo "== part $part: $name (budget ${budget}s)"
+  echo "\$ ${CMD[*]}" > "$WORK/part$part/logs/$name.log"
+  timeout -k "$KILL_AFTER" "$budget" "${CMD[@]}" >> "$WORK/part$part/logs/$name.log" 2>&1 < /dev/null
+  rc=$?
+  took=$((SECONDS - start))
+  if [ $rc -eq 0 ]; then
+    status=passed
+  elif { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && [ $took -ge "$budget" ]; then
+    status=timed-out
+  else
+    status=failed
+  fi
+  printf 'part %s  %-15s %-9s rc=%-3s %4ss of %4ss\n' "$part" "$name" "$status" "$rc" "$took" "$budget" \
+    | tee -a "$WORK/part$part/summary.txt"
+  pack_part "$part"
+}
+
+while read -r part name budget; do
+  [ -n "$part" ] || continue
+  case $PART in all|"$part") run_step "$part" "$name" "$budget" ;; esac
+done <<< "$STEPS"
+
+# the one-screen summary
+lines=$(cat "$WORK"/part*/summary.txt)
+count() { grep -c " $1 " <<< "$lines"; }
+echo
+echo "GPU check$([ "$DRY" = 1 ] && echo " (dry run on the CPU)"), PART=$PART:"
+echo "$lines"
+echo "passed $(count passed), failed $(count failed), timed out $(count timed-out);" \
+  "$(awk '{sum += $6} END {print sum}' <<< "$lines")s of $(awk '{sum += $8} END {print sum}' <<< "$lines")s budgeted"
+ls -1 "$OUT"/gpu_check_part*.tar.gz "$OUT"/summary_part*.txt 2>/dev/null
+[ "$(count passed)" -eq "$(wc -l <<< "$lines")" ]

@@ -5,11 +5,11 @@ which the speculative decoders plan with. Writes JSON + markdown. Timings are ne
 
     python -m lantern_core.benchmarks.ar --out bench/results                          # CPU, fp32
     python -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --profile cuda  # GPU check, < 5 min
+    python -m lantern_core.benchmarks.ar --only embedded --batches 1 --out /tmp/b     # one model, batch 1
 """
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import statistics
@@ -29,6 +29,7 @@ from ..models.gpt import ForwardStep, LlamaGenGPT
 from ..models.kv_cache import attention_mask
 from ..decoding.sampling import make_generators
 from ..decoding.tree_select import verify_times
+from .report_writer import Report, write_report  # noqa: F401 (write_report: quantization and run_memory import it)
 
 log = logging.getLogger("lantern_core.benchmarks.ar")
 VERIFY_SIZES = (1, 4, 8, 16, 32, 64)
@@ -149,6 +150,9 @@ def random_model(config: GPTConfig, device, dtype) -> LlamaGenGPT:
 # A 7B LlamaGen-architecture shape (Anole / Lumina-mGPT / Janus-Pro-7B trunks are this size) on a 24 x 24 grid.
 SEVEN_B = GPTConfig(dim=4096, n_layer=32, n_head=32, ffn_dim=11008, vocab_size=16384, model_type="c2i",
                     num_classes=1000, cls_token_num=1, grid_size=24)
+# The code paths only (the GPU check's CPU dry run, `--model tiny`): 2 layers, 64 wide, an 8 x 8 grid.
+TINY_SHAPE = GPTConfig(dim=64, n_layer=2, n_head=4, vocab_size=256, model_type="c2i", num_classes=8, cls_token_num=1,
+                       grid_size=8)
 
 PROFILES = {
     # name: list of (label, config or None for embedded, batches, AR repeats, verify repeats)
@@ -156,6 +160,7 @@ PROFILES = {
     "cuda": [("embedded", None, (1, 4), 3, 10), ("GPT-B c2i 256px (random)", gpt_preset("GPT-B", "c2i", 256), (1, 4), 3, 10),
              ("GPT-XL c2i 384px (random)", gpt_preset("GPT-XL", "c2i", 384), (1, 4), 2, 10),
              ("7B shape c2i 384px (random; dim 4096, 32 layers)", SEVEN_B, (1,), 1, 5)],
+    "smoke": [("tiny c2i 8x8 (random; dim 64, 2 layers)", TINY_SHAPE, (1, 2), 1, 1)],  # the code paths only
 }
 
 
@@ -174,14 +179,6 @@ def machine_info(device: torch.device) -> dict:
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     return {"device": str(device), "machine": machine, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M")}
-
-
-def write_report(out: Path, stem: str, report: dict, text: str) -> None:
-    """`out/stem.json` (the data) and `out/stem.md` (the table people read)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    (out / f"{stem}.md").write_text(text)
-    log.info("wrote %s", out / f"{stem}.md")
 
 
 def markdown(report: dict) -> str:
@@ -219,6 +216,18 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def profile_models(profile: str, only: tuple[str, ...] = (), batches: tuple[int, ...] = ()) -> list[tuple]:
+    """The profile's (label, config, batches, AR repeats, verify repeats), kept to the labels starting with one of
+    `only` (all when empty) and to the batch sizes in `batches` (each model's own when empty)."""
+    chosen = []
+    for label, config, own, ar_repeats, verify_repeats in PROFILES[profile]:
+        if only and not label.startswith(only):
+            continue
+        chosen.append((label, config, tuple(b for b in own if b in batches) if batches else own, ar_repeats,
+                       verify_repeats))
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description="AR generation benchmark")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -226,6 +235,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--profile", default=None, choices=sorted(PROFILES), help="default: by device type")
     parser.add_argument("--cfg", type=float, default=4.0)
+    parser.add_argument("--only", nargs="*", default=[], help="model-label prefixes to run (default: all)")
+    parser.add_argument("--batches", type=int, nargs="*", default=[],
+                        help="batch sizes to keep (default: each model's own)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device = torch.device(args.device)
@@ -233,9 +245,10 @@ def main(argv: list[str] | None = None) -> dict:
     profile = args.profile or ("cuda" if device.type == "cuda" else "cpu")
     from ..loading.checkpoints import load_gpt
 
-    ar_rows, verify_rows, errors = [], [], []
-    stem = f"ar_{device.type}_{args.dtype}"
-    for label, config, batches, ar_repeats, verify_repeats in PROFILES[profile]:
+    report = Report(args.out, f"ar_{device.type}_{args.dtype}", markdown, **machine_info(device), dtype=args.dtype,
+                    cfg_scale=args.cfg, ar=[], verify=[], errors=[])
+    for label, config, batches, ar_repeats, verify_repeats in profile_models(profile, tuple(args.only),
+                                                                             tuple(args.batches)):
         try:  # one model failing (memory, a kernel) must not lose the others' rows
             if config is None:
                 model, label = load_gpt(EMBEDDED_GPT, device=device, dtype=dtype).model, EMBEDDED_NAME
@@ -244,19 +257,16 @@ def main(argv: list[str] | None = None) -> dict:
             for batch in batches:
                 row = bench_ar(model, label, batch, args.cfg, ar_repeats)
                 log.info("%s", row)
-                ar_rows.append(asdict(row))
+                report.add("ar", asdict(row))  # after every row: a later failure or a timeout loses nothing
             for row in bench_verify(model, label, rows=2, repeats=verify_repeats):
-                verify_rows.append(asdict(row))
+                report.add("verify", asdict(row))
         except Exception as error:
             log.exception("%s failed", label)
-            errors.append(f"{label}: {type(error).__name__}: {str(error)[:300]}")
+            report.add("errors", f"{label}: {type(error).__name__}: {str(error)[:300]}")
         finally:
             model = None
             free_between_models()
-        report = {**machine_info(device), "dtype": args.dtype, "cfg_scale": args.cfg, "ar": ar_rows,
-                  "verify": verify_rows, "errors": errors}
-        write_report(args.out, stem, report, markdown(report))  # after every model: a later failure loses nothing
-    return report
+    return report.finish()
 
 
 if __name__ == "__main__":

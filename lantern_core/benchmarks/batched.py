@@ -10,6 +10,7 @@ Timings are never asserted anywhere; the goals are checked in the report.
 
     python -m lantern_core.benchmarks.batched --out bench/results               # 32 images per row
     python -m lantern_core.benchmarks.batched --images 8 --out /tmp/b            # quick look
+    python -m lantern_core.benchmarks.batched --images 4 --round 4 --batches 1 4 --only sjd_coupled  # a subset
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ from ..decoding.sampling import make_generators
 from ..decoding.speculative import SpeculativeConfig
 from ..decoding.tree import NAIVE_EXTEND_57
 from ..loading.embedded import EMBEDDED_NAME, load_embedded
-from .ar import machine_info, write_report
-from .speculative import CPU_DYNAMIC, Method, Tally, summarise, tree_label
+from .ar import machine_info
+from .report_writer import Report
+from .speculative import CPU_DYNAMIC, Method, Tally, quality_cells, summarise, timing_rows, tree_label
 
 log = logging.getLogger("lantern_core.benchmarks.batched")
 BATCHES = (1, 4, 8)
@@ -64,21 +66,26 @@ def methods(device: torch.device) -> list[Method]:
 
 @torch.no_grad()
 def run(images: int, sampling: SamplingConfig, device: torch.device, dtype: torch.dtype,
-        batches: tuple[int, ...] = BATCHES) -> dict:
+        batches: tuple[int, ...] = BATCHES, only: tuple[str, ...] = (), round_size: int = ROUND,
+        report: Report | None = None) -> dict:
+    """Decode `images` per (batch, method) in interleaved rounds of `round_size` images (the methods whose names
+    start with one of `only`, all when empty; the AR rows always); `report` gets the timing columns after every
+    round, then the quality columns and the goals. Returns the report's data."""
+    report = report or Report(None, "batched", markdown)
     pipe = load_embedded(device, dtype, drafter=True)
     model, drafter, vq = pipe.gpt.model, pipe.drafter.model, pipe.vq.model
     neighbors = build_neighbors(vq.quantize.embedding.weight, 1000)
-    rows = methods(device)
+    rows = [m for m in methods(device) if m.name.startswith("ar") or not only or m.name.startswith(only)]
     tallies = {(b, m.name): Tally() for b in batches for m in rows}
     for b in batches:  # warm-up (and `auto` calibration at this batch size) outside the timed rounds
         for m in rows:
             m.decode(model, drafter, Condition.classes(list(range(b)), device=device), sampling,
                      make_generators(999_999, b, device), neighbors)
-    for start in range(0, images, ROUND):
+    for start in range(0, images, round_size):
         for b in batches:
             for m in rows:
                 t = tallies[(b, m.name)]
-                for first in range(start, start + ROUND, b):
+                for first in range(start, start + round_size, b):
                     idx = list(range(first, first + b))
                     labels = [i % 8 for i in idx]
                     cond = Condition.classes(labels, device=device)
@@ -95,14 +102,16 @@ def run(images: int, sampling: SamplingConfig, device: torch.device, dtype: torc
                     t.images += b
                     t.tokens.append(result.tokens.cpu())
                     t.labels.extend(labels)
-        log.info("round %d/%d done", start // ROUND + 1, -(-images // ROUND))
+        log.info("round %d/%d done", start // round_size + 1, -(-images // round_size))
+        report.update(rows=[r | {"batch": b, "images_per_s": 1.0 / r["s_per_image"]} for b in batches
+                            for r in timing_rows(rows, {m.name: tallies[(b, m.name)] for m in rows})])
     out = []
     for b in batches:
         summary = summarise(rows, {m.name: tallies[(b, m.name)] for m in rows}, vq, device, images,
                             model.config.vocab_size)
         for r in summary["rows"]:
             out.append(r | {"batch": b, "images_per_s": 1.0 / r["s_per_image"]})
-    return {"rows": out, "goals": goals(out, device)}
+    return report.update(rows=out, goals=goals(out, device))
 
 
 def goals(rows: list[dict], device: torch.device) -> list[dict]:
@@ -127,20 +136,19 @@ def markdown(report: dict) -> str:
              f"{report['model']}; {report['machine']}; torch {report['torch']}, {report['threads']} threads; "
              f"cfg {s['cfg_scale']}, temperature {s['temperature']}, top-k {s['top_k']}, top-p {s['top_p']}; "
              f"{report['images']} images per row (class i mod 8, seed i), batch sizes and methods interleaved per "
-             f"round of {ROUND} images; {report['date']}", "",
+             f"round of {report.get('round', ROUND)} images; {report['date']}", "",
              "| batch | method | tree / window | images / s | speed-up vs AR at this batch | mean accepted length | "
              "classifier acc. | Frechet (clf features) vs real | token-marginal TVD vs AR |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for r in report["rows"]:
+    for r in report.get("rows", []):
         lines.append(f"| {r['batch']} | {r['method']} | {r['tree']} | {r['images_per_s']:.2f} | "
-                     f"{r['speedup_vs_ar']:.2f}x | {r['mean_accepted_length']:.2f} | {r['classifier_accuracy']:.3f} | "
-                     f"{r['frechet_vs_real']:.3f} | {r['token_tvd_vs_ar']:.3f} |")
+                     f"{r['speedup_vs_ar']:.2f}x | {r['mean_accepted_length']:.2f} | {quality_cells(r)} |")
     lines += ["", "Mean accepted length: image tokens per target forward per image (prefill included). The batch "
                   "runs until its slowest image is done: where steps run eagerly (CPU, MPS) an image that is done "
                   "leaves the batch and stops costing work; a captured (CUDA) batch keeps it, masked, at no extra "
                   "forward.",
               "", "## Goals", "", "| method | goal | measured | met |", "|---|---|---|---|"]
-    for g in report["goals"]:
+    for g in report.get("goals", []):
         lines.append(f"| {g['method']} | {g['goal']} | {g['measured']:.2f}x | {'yes' if g['met'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
@@ -150,25 +158,27 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--images", type=int, default=32, help="images per row (a multiple of 8)")
+    parser.add_argument("--images", type=int, default=32, help="images per row (a multiple of --round)")
+    parser.add_argument("--round", type=int, default=ROUND, help="images per interleaving round")
     parser.add_argument("--batches", type=int, nargs="*", default=list(BATCHES))
     parser.add_argument("--cfg", type=float, default=3.0)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--only", nargs="*", default=[], help="method-name prefixes to run (the AR rows always run)")
     args = parser.parse_args(argv)
-    if args.images % ROUND or any(ROUND % b for b in args.batches):
-        parser.error(f"--images must be a multiple of {ROUND} and every batch size must divide {ROUND}")
+    if args.images % args.round or any(args.round % b for b in args.batches):
+        parser.error(f"--images must be a multiple of --round ({args.round}) and every batch size must divide it")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     sampling = SamplingConfig(cfg_scale=args.cfg, temperature=args.temperature)
+    report = Report(args.out, f"batched_{device.type}_{args.dtype}", markdown, **machine_info(device),
+                    model=EMBEDDED_NAME, dtype=args.dtype, images=args.images, round=args.round,
+                    sampling=asdict(sampling), rows=[])
     torch.set_flush_denormal(True)
     try:
-        report = run(args.images, sampling, device, dtype, tuple(args.batches))
+        run(args.images, sampling, device, dtype, tuple(args.batches), tuple(args.only), args.round, report)
     finally:
         torch.set_flush_denormal(False)
-    report.update(machine_info(device), model=EMBEDDED_NAME, dtype=args.dtype, images=args.images,
-                  sampling=asdict(sampling))
-    write_report(args.out, f"batched_{device.type}_{args.dtype}", report, markdown(report))
-    return report
+    return report.finish()
 
 
 if __name__ == "__main__":

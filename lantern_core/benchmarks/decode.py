@@ -13,6 +13,7 @@ import logging
 import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -21,14 +22,17 @@ from ..decoding.generate import synchronize
 from ..loading.embedded import EMBEDDED_VQ
 from ..loading.checkpoints import load_vq
 from ..models.vq import VQModel, decode_images
-from .ar import machine_info, write_report
+from .ar import machine_info
+from .report_writer import Report
 
 log = logging.getLogger("lantern_core.benchmarks.decode")
 BATCHES = (1, 2, 4, 8)
 
 
-def time_decoders(vq: VQModel, grid: int, batches: tuple[int, ...], repeats: int) -> list[dict]:
-    """Per batch size: median seconds per image of one-by-one and batched decodes of the same random codes."""
+def time_decoders(vq: VQModel, grid: int, batches: tuple[int, ...], repeats: int,
+                  progress: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
+    """Per batch size: median seconds per image of one-by-one and batched decodes of the same random codes
+    (`progress(rows so far)` after each batch size)."""
     device = vq.quantize.embedding.weight.device
     rows = []
     for batch in batches:
@@ -48,17 +52,29 @@ def time_decoders(vq: VQModel, grid: int, batches: tuple[int, ...], repeats: int
         medians = {name: statistics.median(t) for name, t in times.items()}
         rows.append({"batch": batch, **{f"{k}_ms_per_image": round(1000 * v, 2) for k, v in medians.items()},
                      "ratio": round(medians["one_by_one"] / medians["batched"], 3)})
+        progress(rows)
     return rows
 
 
-def run(device: torch.device, dtype: torch.dtype, repeats: int, llamagen_batches: tuple[int, ...]) -> dict:
+def run(report: Report, device: torch.device, dtype: torch.dtype, repeats: int, batches: tuple[int, ...] = BATCHES,
+        llamagen_batches: tuple[int, ...] = BATCHES, llamagen_grid: int = 16) -> dict:
+    """Both decoders into `report`, rewritten after every batch size: the embedded one at `batches`, a random
+    VQ-16-shaped one on a `llamagen_grid` square of codes at `llamagen_batches`. Returns its data."""
+    report.update(**machine_info(device), dtype=str(dtype).replace("torch.", ""), repeats=repeats, decoders=[])
     embedded = load_vq(EMBEDDED_VQ, device, dtype).model.eval()
     llamagen = VQModel(VQConfig()).to(device, dtype).eval()  # VQ-16's shape, random weights
-    decoders = [("embedded 128 px", embedded, 16, BATCHES), ("LlamaGen VQ-16 shape, 256 px", llamagen, 16,
-                                                            llamagen_batches)]
-    return {**machine_info(device), "dtype": str(dtype).replace("torch.", ""), "repeats": repeats,
-            "decoders": [{"decoder": name, "grid": grid, "rows": time_decoders(vq, grid, batches, repeats)}
-                         for name, vq, grid, batches in decoders]}
+    decoders = [("embedded 128 px", embedded, 16, batches),
+                (f"LlamaGen VQ-16 shape, {16 * llamagen_grid} px", llamagen, llamagen_grid, llamagen_batches)]
+    for name, vq, grid, sizes in decoders:
+        entry = {"decoder": name, "grid": grid, "rows": []}
+        report.add("decoders", entry)
+
+        def progress(rows: list[dict], entry: dict = entry) -> None:
+            entry["rows"] = list(rows)
+            report.save()
+
+        time_decoders(vq, grid, sizes, repeats, progress)
+    return report.data
 
 
 def markdown(report: dict) -> str:
@@ -86,15 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="batch sizes for the embedded decoder")
     p.add_argument("--llamagen-batches", type=int, nargs="+", default=list(BATCHES),
                    help="batch sizes for the 256 px decoder (a CPU takes seconds per image)")
+    p.add_argument("--llamagen-grid", type=int, default=16, help="codes per side for the VQ-16 decoder (16: 256 px)")
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    report = run(device, dtype, args.repeats, tuple(args.llamagen_batches))
-    write_report(args.out, f"decode_{device.type}_{args.dtype}", report, markdown(report))
-    log.info("\n%s", markdown(report))
+    report = Report(args.out, f"decode_{device.type}_{args.dtype}", markdown)
+    run(report, device, dtype, args.repeats, tuple(args.batches), tuple(args.llamagen_batches), args.llamagen_grid)
+    log.info("\n%s", markdown(report.finish()))
     return 0
 
 

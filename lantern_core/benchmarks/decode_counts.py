@@ -12,6 +12,7 @@ on the width (the tests check it). The CPU's own eager path (exact windows, no m
 comparison. Kernel counts never change with the machine; timings are elsewhere (`iteration_cost.py`).
 
     python -m lantern_core.benchmarks.decode_counts --out bench/results [--dtype bfloat16] [--device cuda]
+    python -m lantern_core.benchmarks.decode_counts --no-inductor --shapes --only "static_tree" "sjd w16"  # a subset
 """
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ from ..decoding.sampling import make_generators
 from ..decoding.speculative import NodeDistributions, SpeculativeConfig, speculative_generate
 from ..decoding.step_graphs import gpu_path
 from ..decoding.tree import NAIVE_EXTEND_57
-from .ar import SEVEN_B, machine_info, random_model, write_report
+from .ar import SEVEN_B, machine_info, random_model
 from .kernel_count import OpCount, StepCounter, difference, module_part, replaced, tagged
+from .report_writer import Report
 
 log = logging.getLogger("lantern_core.benchmarks.decode_counts")
 NARROW = dict(dim=64, n_head=4, n_kv_head=None, ffn_dim=None)
@@ -306,42 +308,61 @@ def _quiet(logger: str):
         target.setLevel(level)
 
 
+def chosen(name: str, only: tuple[str, ...]) -> bool:
+    """Whether a row named `name` runs under `--only` (name prefixes; every row when empty)."""
+    return not only or name.startswith(only)
+
+
 @torch.no_grad()
-def run(device: torch.device, dtype: torch.dtype, k: int = 10, inductor: bool = True) -> dict:
+def run(report: Report, device: torch.device, dtype: torch.dtype, k: int = 10, inductor: bool = True,
+        only: tuple[str, ...] = (), shapes: tuple[str, ...] | None = None) -> dict:
+    """Count every row into `report` (written after each): the AR steps (the embedded model, then the published
+    shapes whose labels start with one of `shapes`, all when None), then the modes named by `only` (prefixes;
+    all when empty; the two AR rows always)."""
     from ..loading.embedded import load_embedded
 
     sampling = SamplingConfig(cfg_scale=4.0, temperature=1.0)
     greedy = replace(sampling, temperature=0.0)
+    report.update(sampling=asdict(sampling), lantern_k=k, ar_steps=[], modes=[])
     pipe = load_embedded(device, dtype, drafter=True)
     model, drafter = pipe.gpt.model, pipe.drafter.model
     neighbors = build_neighbors(pipe.vq.model.quantize.embedding.weight, k).to(device)
-    ar_rows = [count_ar(model, sampling, "embedded", device)]
+    add_ar = lambda row: report.add("ar_steps", _row(row))  # noqa: E731
+    add_mode = lambda row: report.add("modes", _row(row))  # noqa: E731
+    add_ar(count_ar(model, sampling, "embedded", device))
     if device.type == "cpu":
-        ar_rows.append(count_ar(model, sampling, "embedded", device, eager_cpu=True))
-    for label, config in SHAPES:
+        add_ar(count_ar(model, sampling, "embedded", device, eager_cpu=True))
+    published = [(label, config) for label, config in SHAPES if shapes is None or label.startswith(tuple(shapes))]
+    for label, config in published:
         shape_model = random_model(narrow(config), device, dtype)
-        ar_rows.append(count_ar(shape_model, sampling, f"{label} ({config.n_layer} layers, narrow)", device))
+        add_ar(count_ar(shape_model, sampling, f"{label} ({config.n_layer} layers, narrow)", device))
         del shape_model
     if inductor:
-        for label, config in SHAPES[:2]:
+        for label, config in [shape for shape in SHAPES[:2] if shape in published]:
             what = f"{label} ({config.n_layer} layers, narrow)"
-            ar_rows.append(_counted(what, lambda: replace(count_inductor_ar(narrow(config), sampling, device, dtype),
-                                                          what=what)))
-    mode_rows = [count_ar(model, sampling, "ar", device), count_ar(model, greedy, "ar greedy", device)]
+            add_ar(_counted(what, lambda: replace(count_inductor_ar(narrow(config), sampling, device, dtype),
+                                                  what=what)))
+    add_mode(count_ar(model, sampling, "ar", device))
+    add_mode(count_ar(model, greedy, "ar greedy", device))
     for name, spec, is_greedy in tree_modes(k):
-        mode_rows.append(_counted(name, lambda: count_tree(model, drafter, spec, greedy if is_greedy else sampling,
-                                                           neighbors, name, device)))
+        if chosen(name, only):
+            add_mode(_counted(name, lambda: count_tree(model, drafter, spec, greedy if is_greedy else sampling,
+                                                       neighbors, name, device)))
     for name, config, is_greedy in jacobi_modes(k):
-        mode_rows.append(_counted(name, lambda: count_jacobi(model, config, greedy if is_greedy else sampling,
-                                                             neighbors, name, device)))
+        if chosen(name, only):
+            add_mode(_counted(name, lambda: count_jacobi(model, config, greedy if is_greedy else sampling, neighbors,
+                                                         name, device)))
     if inductor:  # the goals' rows (a sampled and a greedy 57-node static tree), whole iterations fused
         for name, spec, is_greedy in tree_modes(k)[::4][:2]:
-            mode_rows.append(_counted(name, lambda: count_inductor_tree(model, drafter, spec,
-                                                                        greedy if is_greedy else sampling,
-                                                                        neighbors, name, device, dtype)))
-    return {"ar_steps": [asdict(r) | {"beyond_forward": r.beyond_forward} for r in ar_rows],
-            "modes": [asdict(r) | {"beyond_forward": r.beyond_forward} for r in mode_rows],
-            "sampling": asdict(sampling), "lantern_k": k}
+            if chosen(name, only):
+                add_mode(_counted(name, lambda: count_inductor_tree(model, drafter, spec,
+                                                                    greedy if is_greedy else sampling, neighbors,
+                                                                    name, device, dtype)))
+    return report.data
+
+
+def _row(row: StepCount) -> dict:
+    return asdict(row) | {"beyond_forward": row.beyond_forward}
 
 
 def _counted(what: str, count: Callable[[], StepCount]) -> StepCount:
@@ -408,13 +429,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--lantern-k", type=int, default=10)
     parser.add_argument("--no-inductor", action="store_true", help="skip the torch.compile (Inductor) AR-step counts")
+    parser.add_argument("--only", nargs="*", default=[], help="mode-name prefixes to count (the AR rows always run)")
+    parser.add_argument("--shapes", nargs="*", default=None,
+                        help="published AR shapes to count, by label prefix (default: all; none with no value)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    report = run(device, dtype, args.lantern_k, inductor=not args.no_inductor)
-    report.update(machine_info(device), dtype=args.dtype)
-    write_report(args.out, f"decode_counts_{device.type}_{args.dtype}", report, markdown(report))
-    return report
+    report = Report(args.out, f"decode_counts_{device.type}_{args.dtype}", markdown, **machine_info(device),
+                    dtype=args.dtype)
+    run(report, device, dtype, args.lantern_k, not args.no_inductor, tuple(args.only), args.shapes)
+    return report.finish()
 
 
 if __name__ == "__main__":

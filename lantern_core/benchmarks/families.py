@@ -23,10 +23,12 @@ import logging
 import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from .ar import machine_info, write_report
+from .ar import machine_info
+from .report_writer import Report
 from ..conditioning import Condition
 from ..config import DrafterConfig, GPTConfig, SamplingConfig
 from ..decoding.generate import generate, synchronize
@@ -48,8 +50,8 @@ log = logging.getLogger(__name__)
 
 
 def family_config(family: str, size: str, grid: int | None = None) -> GPTConfig:
-    """Released shapes (`size` "7b" / "1b") or a CPU-sized "tiny" one with the same structure; `grid`
-    overrides the token grid (smaller images for quick checks)."""
+    """Released shapes (`size` "7b" / "1b"), a CPU-sized "tiny" one with the same structure or a "micro" one
+    for smoke runs; `grid` overrides the token grid (smaller images for quick checks)."""
     shapes = {
         ("chameleon", "7b"): dict(dim=4096, n_layer=32, n_head=32, ffn_dim=11008, text_vocab_size=65536,
                                   vocab_size=8192, grid_size=32),
@@ -61,6 +63,11 @@ def family_config(family: str, size: str, grid: int | None = None) -> GPTConfig:
                                     vocab_size=8192, grid_size=16),
         ("janus", "tiny"): dict(dim=256, n_layer=4, n_head=4, ffn_dim=688, text_vocab_size=4096,
                                 vocab_size=16384, grid_size=16),
+        # the code paths only (the GPU check's CPU dry run): 512 image codes keep the neighbour tables small
+        ("chameleon", "micro"): dict(dim=64, n_layer=2, n_head=4, ffn_dim=172, text_vocab_size=1024,
+                                     vocab_size=512, grid_size=8),
+        ("janus", "micro"): dict(dim=64, n_layer=2, n_head=4, ffn_dim=172, text_vocab_size=1024,
+                                 vocab_size=512, grid_size=8),
     }
     if family == "lumina":  # Chameleon's shape, the end-of-row token as one more image code, 768 px
         base = shapes[("chameleon", size)]
@@ -137,7 +144,10 @@ def time_images(decode, images: int, device) -> float:
     return statistics.median(times)
 
 
-def bench_family(label: str, model: PromptedImageLM, images: int, device, drafter: EagleDrafter) -> dict:
+def bench_family(label: str, model: PromptedImageLM, images: int, device, drafter: EagleDrafter,
+                 only: tuple[str, ...] = (), progress: Callable[[dict], None] = lambda row: None) -> dict:
+    """The family's row: its cost curve, then AR and the methods whose names start with one of `only` (all when
+    empty), `progress(row)` after each."""
     config = model.config
     sampling = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=0)
     curve = verify_times(model, 2, curve_sizes(32), reps=3)
@@ -152,7 +162,13 @@ def bench_family(label: str, model: PromptedImageLM, images: int, device, drafte
                "lantern_pp": SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57,
                                                relaxation=Relaxation(k=10, lam=5.0))}
     results = {}
+    row = {"model": label, "family": config.family, "dim": config.dim, "layers": config.n_layer,
+           "image_tokens": config.num_image_tokens, "image_codes": config.vocab_size,
+           "curve_ms": [(n, round(1000 * s, 3)) for n, s in curve], "methods": results}
+    progress(row)
     for name, method in methods.items():
+        if name != "ar" and only and not name.startswith(only):
+            continue
         passes, accepted = [], []
 
         def decode(seed, method=method, passes=passes, accepted=accepted):
@@ -171,15 +187,12 @@ def bench_family(label: str, model: PromptedImageLM, images: int, device, drafte
 
         decode(999)  # warm-up (and the auto window's calibration)
         passes.clear(), accepted.clear()
-        results[name] = {"s_per_image": round(time_images(decode, images, device), 4),
-                         "forward_passes": round(statistics.mean(passes), 1),
-                         "mean_accepted_length": round(statistics.mean(accepted), 3)}
-    ar = results["ar"]["s_per_image"]
-    for row in results.values():
-        row["speedup_vs_ar"] = round(ar / row["s_per_image"], 3)
-    return {"model": label, "family": config.family, "dim": config.dim, "layers": config.n_layer,
-            "image_tokens": config.num_image_tokens, "image_codes": config.vocab_size,
-            "curve_ms": [(n, round(1000 * s, 3)) for n, s in curve], "methods": results}
+        seconds = time_images(decode, images, device)
+        results[name] = {"s_per_image": round(seconds, 4), "forward_passes": round(statistics.mean(passes), 1),
+                         "mean_accepted_length": round(statistics.mean(accepted), 3),
+                         "speedup_vs_ar": round(results["ar"]["s_per_image"] / seconds, 3) if results else 1.0}
+        progress(row)
+    return row
 
 
 def markdown(report: dict) -> str:
@@ -194,12 +207,12 @@ def markdown(report: dict) -> str:
              "lambda 5 over a random codebook", "",
              "| model | tokens | method | forward passes / image | mean accepted length | s / image | speed-up vs AR |",
              "|---|---|---|---|---|---|---|"]
-    for r in report["rows"]:
+    for r in report.get("rows", []):
         for name, m in r["methods"].items():
             lines.append(f"| {r['model']} | {r['image_tokens']} | {name} | {m['forward_passes']} | "
                          f"{m.get('mean_accepted_length', 1.0):.2f} | {m['s_per_image']:.3f} | {m['speedup_vs_ar']:.2f}x |")
     lines += ["", "Forward over n tokens (2 CFG rows, mid-image context), ms:", ""]
-    for r in report["rows"]:
+    for r in report.get("rows", []):
         lines.append(f"- {r['model']}: " + " / ".join(f"{n}:{ms:.2f}" for n, ms in r["curve_ms"]))
     return "\n".join(lines) + "\n"
 
@@ -212,26 +225,35 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--images", type=int, default=3)
     parser.add_argument("--grid", type=int, default=None, help="token grid side (default: each model's own)")
     parser.add_argument("--train-steps", type=int, default=None,
-                        help="drafter training steps per family (default: 300 on the CPU, 0 on a GPU: random drafter)")
+                        help="drafter training steps per family (default: 100 on the CPU, 0 on a GPU: random drafter)")
+    parser.add_argument("--models", nargs="*", default=None, metavar="FAMILY:SIZE",
+                        help="e.g. chameleon:7b janus:1b (default: every family, tiny on the CPU, released on a GPU)")
+    parser.add_argument("--only", nargs="*", default=[], help="method-name prefixes to time (AR always runs)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    sizes = [("chameleon", "tiny"), ("lumina", "tiny"), ("janus", "tiny")] if device.type == "cpu" else \
+    sizes = [tuple(m.split(":")) for m in args.models] if args.models is not None else \
+        [("chameleon", "tiny"), ("lumina", "tiny"), ("janus", "tiny")] if device.type == "cpu" else \
         [("chameleon", "7b"), ("lumina", "7b"), ("janus", "1b"), ("janus", "7b")]
     steps = args.train_steps if args.train_steps is not None else (100 if device.type == "cpu" else 0)
-    rows = []
+    report = Report(args.out, f"families_{device.type}_{args.dtype}", markdown, **machine_info(device),
+                    dtype=args.dtype, images=args.images, init_std=INIT_STD, train_steps=steps, rows=[])
+    rows = report.data["rows"]
     for family, size in sizes:
         model = random_prompted(family_config(family, size, args.grid), device, dtype)
         drafter = trained_drafter(model, steps, device).to(dtype)
-        rows.append(bench_family(f"{family} {size} (random)", model, args.images, device, drafter))
+        rows.append({})
+
+        def progress(row: dict) -> None:  # the family's row so far replaces its slot; every method rewrites the files
+            rows[-1] = row
+            report.save()
+
+        bench_family(f"{family} {size} (random)", model, args.images, device, drafter, tuple(args.only), progress)
         log.info("%s", rows[-1])
         del model, drafter
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    report = {**machine_info(device), "dtype": args.dtype, "images": args.images, "init_std": INIT_STD,
-              "train_steps": steps, "rows": rows}
-    write_report(args.out, f"families_{device.type}_{args.dtype}", report, markdown(report))
-    return report
+    return report.finish()
 
 
 if __name__ == "__main__":

@@ -29,10 +29,14 @@ from ..decoding.speculative import SpeculativeConfig, speculative_generate
 from ..decoding.step_graphs import uses_graphs
 from ..decoding.tree import NAIVE_EXTEND_57
 from ..models.drafter import EagleDrafter
-from .ar import machine_info, random_model, write_report
+from .ar import TINY_SHAPE, machine_info, random_model
+from .report_writer import Report
 
 log = logging.getLogger("lantern_core.benchmarks.iteration_cost")
-MODELS = {"GPT-B": ("GPT-B", 256), "GPT-L": ("GPT-L", 256), "GPT-XL": ("GPT-XL", 384)}
+MODELS = {"GPT-B": ("GPT-B c2i 256px", gpt_preset("GPT-B", "c2i", 256)),
+          "GPT-L": ("GPT-L c2i 256px", gpt_preset("GPT-L", "c2i", 256)),
+          "GPT-XL": ("GPT-XL c2i 384px", gpt_preset("GPT-XL", "c2i", 384)),
+          "tiny": ("tiny c2i 8x8 (64 wide, 2 layers)", TINY_SHAPE)}  # the code paths only (smoke runs)
 
 
 @dataclass
@@ -110,7 +114,10 @@ def measure(model, drafter, neighbors, sampling: SamplingConfig, spec, device, i
 
 
 def run(config: GPTConfig, label: str, device: torch.device, dtype: torch.dtype, k: int,
-        iterations: int = 32) -> dict:
+        iterations: int = 32, only: tuple[str, ...] = (), report: Report | None = None) -> dict:
+    """Time AR and the modes whose names start with one of `only` (all when empty), each row added to `report`
+    (written after every row) as it is measured."""
+    report = report or Report(None, "iteration_cost", markdown)
     model = random_model(config, device, dtype)
     drafter = EagleDrafter(DrafterConfig.for_target(config)).to(device)
     drafter.init_from_target(model, torch.Generator(device=device).manual_seed(1))
@@ -124,9 +131,13 @@ def run(config: GPTConfig, label: str, device: torch.device, dtype: torch.dtype,
         ms = measure(model, drafter, neighbors, sampling, spec, device, iterations)  # as users get it
         return ms, (measure(model, drafter, neighbors, sampling, spec, device, iterations, "off") if captured else ms)
 
+    report.update(model=f"{label} (random weights)", tokens=config.num_image_tokens, rows=[])
     ar_ms, ar_eager = both(None)
     rows = [CostRow("ar (one step)", "1 token", iterations, round(ar_ms, 3), 1.0, "", round(ar_eager, 3), 1.0)]
+    report.add("rows", asdict(rows[0]))
     for name, spec in modes(k, config.row_stride):
+        if only and not name.startswith(only):
+            continue
         try:
             ms, eager = both(spec)
             rows.append(CostRow(name, name.split("(")[-1].rstrip(")"), iterations, round(ms, 3), round(ms / ar_ms, 3),
@@ -135,8 +146,8 @@ def run(config: GPTConfig, label: str, device: torch.device, dtype: torch.dtype,
             log.exception("%s failed", name)
             rows.append(CostRow(name, "", 0, float("nan"), float("nan"), f"{type(error).__name__}: {error}"[:300]))
         log.info("%s", rows[-1])
-    return {"model": f"{label} (random weights)", "tokens": config.num_image_tokens,
-            "rows": [asdict(r) for r in rows]}
+        report.add("rows", asdict(rows[-1]))
+    return report.data
 
 
 def markdown(report: dict) -> str:
@@ -168,15 +179,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lantern-k", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=32,
                         help="iterations timed per mode (after as many warm-up); 0: whole images (every attention band)")
+    parser.add_argument("--only", nargs="*", default=[], help="mode-name prefixes to time (AR always runs)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    preset, size = MODELS[args.model]
-    report = run(gpt_preset(preset, "c2i", size), f"{preset} c2i {size}px", device, dtype, args.lantern_k,
-                 args.iterations)
-    report.update(machine_info(device), dtype=args.dtype)
-    write_report(args.out, f"iteration_cost_{device.type}_{args.dtype}", report, markdown(report))
-    return report
+    label, config = MODELS[args.model]
+    report = Report(args.out, f"iteration_cost_{device.type}_{args.dtype}", markdown, **machine_info(device),
+                    dtype=args.dtype)
+    run(config, label, device, dtype, args.lantern_k, args.iterations, tuple(args.only), report)
+    return report.finish()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -26,15 +27,19 @@ from ..decoding.speculative import SpeculativeConfig, speculative_generate
 from .speculative import BENCH_COMPILE
 from ..decoding.tree import chain_tree
 from ..models.drafter import EagleDrafter
-from .ar import machine_info, random_model, write_report
+from .ar import machine_info, random_model
+from .report_writer import Report
 
 log = logging.getLogger("lantern_core.benchmarks.prefix_states")
 CAPTION_TOKENS = 120  # LlamaGen-T2I's caption length
 REAL_TOKENS = 20  # a typical COCO caption in T5 tokens; the rest is left padding
+TINY = dict(dim=64, n_layer=2, n_head=4)  # `--model tiny`: GPT-B's t2i layout, narrow and shallow (smoke runs)
 
 
-def measure(model, drafter, condition: Condition, repeats: int) -> dict:
-    """Interleaved native / hf_port runs; medians of wall and prefill seconds per convention."""
+def measure(model, drafter, condition: Condition, repeats: int,
+            progress: Callable[[dict], None] = lambda medians: None) -> dict:
+    """Interleaved native / hf_port runs; medians of wall and prefill seconds per convention (also handed to
+    `progress` after every timed round)."""
     device = model.tok_embeddings.weight.device
     sampling = SamplingConfig(cfg_scale=4.0, temperature=1.0, top_k=1000)
     spec = SpeculativeConfig(static_tree=chain_tree(4))
@@ -51,6 +56,12 @@ def measure(model, drafter, condition: Condition, repeats: int) -> dict:
             if repeat:
                 times[states]["wall_s"].append(time.perf_counter() - start)
                 times[states]["prefill_s"].append(result.stats.prefill_time_s)
+        if repeat:
+            progress(_medians(times))
+    return _medians(times)
+
+
+def _medians(times: dict) -> dict:
     return {states: {k: statistics.median(v) for k, v in t.items()} for states, t in times.items()}
 
 
@@ -61,9 +72,13 @@ def _with_states(drafter: EagleDrafter, states: str) -> EagleDrafter:
 
 
 def run(config: GPTConfig, label: str, device: torch.device, dtype: torch.dtype, repeats: int,
-        real_tokens: int = REAL_TOKENS) -> dict:
+        real_tokens: int = REAL_TOKENS, report: Report | None = None) -> dict:
     """Time the two conventions on a random t2i target of `config` (its caption left-padded to
-    `real_tokens` real tokens)."""
+    `real_tokens` real tokens); `report` is rewritten after every timed round. Returns its data."""
+    report = report or Report(None, "prefix_states", markdown)
+    report.update(**machine_info(device), dtype=str(dtype).replace("torch.", ""), model=label, grid=config.grid_size,
+                  caption_tokens=config.cls_token_num, real_caption_tokens=real_tokens, repeats=repeats,
+                  tree="chain_4", cfg_scale=4.0)
     model = random_model(config, device, dtype)
     drafter = EagleDrafter(DrafterConfig.for_target(config)).to(device)
     drafter.init_from_target(model, torch.Generator(device=device).manual_seed(1))
@@ -73,16 +88,20 @@ def run(config: GPTConfig, label: str, device: torch.device, dtype: torch.dtype,
     mask = torch.arange(T)[None] >= T - real_tokens
     condition = Condition(caption=caption.to(device), caption_mask=mask.to(device))
     with torch.no_grad():
-        medians = measure(model, drafter, condition, repeats)
+        measure(model, drafter, condition, repeats, lambda medians: report.update(**compared(medians)))
+    return report.data
+
+
+def compared(medians: dict) -> dict:
+    """The report's figures from the two conventions' medians."""
     native, port = medians["native"], medians["hf_port"]
-    return {**machine_info(device), "dtype": str(dtype).replace("torch.", ""), "model": label,
-            "grid": config.grid_size, "caption_tokens": T, "real_caption_tokens": real_tokens, "repeats": repeats,
-            "tree": "chain_4", "cfg_scale": 4.0, "medians": medians,
-            "extra_prefill_ms": round(1000 * (port["prefill_s"] - native["prefill_s"]), 2),
+    return {"medians": medians, "extra_prefill_ms": round(1000 * (port["prefill_s"] - native["prefill_s"]), 2),
             "wall_ratio": round(port["wall_s"] / native["wall_s"], 4)}
 
 
 def markdown(report: dict) -> str:
+    if "medians" not in report:
+        return f"# Drafter prefix states ({report['device']}, {report['dtype']})\n\nNo timed round finished yet.\n"
     rows = "\n".join(f"| {states} | {1000 * m['wall_s']:.0f} | {1000 * m['prefill_s']:.1f} |"
                      for states, m in report["medians"].items())
     return f"""# Drafter prefix states: cost of the HF-port caption states ({report['device']}, {report['dtype']})
@@ -103,7 +122,7 @@ hf_port / native = {report['wall_ratio']:.3f}.
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lantern_core.benchmarks.prefix_states", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="GPT-B", help="LlamaGen preset shape of the random target")
+    p.add_argument("--model", default="GPT-B", help="LlamaGen preset shape of the random target, or tiny")
     p.add_argument("--grid", type=int, default=16)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -112,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    config = gpt_preset(args.model, "t2i", image_size=16 * args.grid)  # 120 caption slots
-    report = run(config, args.model, device, dtype, args.repeats)
-    stem = f"prefix_states_{device.type}_{args.dtype}"
-    write_report(args.out, stem, report, markdown(report))
-    log.info("\n%s", markdown(report))
+    preset, narrow = ("GPT-B", TINY) if args.model == "tiny" else (args.model, {})
+    config = gpt_preset(preset, "t2i", image_size=16 * args.grid, **narrow)  # 120 caption slots
+    report = Report(args.out, f"prefix_states_{device.type}_{args.dtype}", markdown)
+    run(config, args.model, device, dtype, args.repeats, report=report)
+    log.info("\n%s", markdown(report.finish()))
     return 0
 
 

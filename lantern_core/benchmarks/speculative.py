@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,11 +32,12 @@ from ..decoding.generate import GenerationResult, generate, synchronize
 from ..decoding.jacobi import JacobiConfig, jacobi_generate
 from ..decoding.neighbors import build_neighbors
 from ..decoding.relaxation import Grouping, Relaxation
-from .ar import machine_info, write_report
+from .ar import machine_info
 from ..decoding.sampling import make_generators
 from ..decoding.speculative import SpeculativeConfig, speculative_generate
 from ..decoding.tree import NAIVE_EXTEND_57
 from ..decoding.tree_select import measure_costs
+from .report_writer import Report
 
 log = logging.getLogger("lantern_core.benchmarks.speculative")
 CPU_DYNAMIC = DynamicShape(depth=3, top_k=4, nodes=8)  # EAGLE-2 at CPU size: its 58 nodes cost ~5 steps here
@@ -120,11 +122,14 @@ class Tally:
 
 
 def frechet(a: np.ndarray, b: np.ndarray) -> float:
-    """Frechet distance between Gaussians fitted to feature sets a, b (n, d)."""
+    """Frechet distance between Gaussians fitted to feature sets a, b (n, d); NaN for fewer than 2 samples in
+    either (no covariance to fit: a one-image smoke run)."""
     import warnings
 
     from scipy import linalg
 
+    if min(len(a), len(b)) < 2:
+        return float("nan")
     mu1, mu2 = a.mean(0), b.mean(0)
     s1, s2 = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
     with warnings.catch_warnings():  # few samples give singular covariances; the value is still defined
@@ -154,7 +159,10 @@ def real_crop_features(clf, count: int, seed: int) -> np.ndarray:
 
 @torch.no_grad()
 def run(images: int, round_size: int, sampling: SamplingConfig, device: torch.device, dtype: torch.dtype,
-        only: tuple[str, ...] = ()) -> dict:
+        only: tuple[str, ...] = (), report: Report | None = None) -> dict:
+    """Decode `images` per method in interleaved rounds; `report` gets the timing columns after every round, then
+    the quality columns and the cost curve. Returns the report's data."""
+    report = report or Report(None, "speculative", markdown)
     pipe = load_embedded(device, dtype, drafter=True)
     model, drafter, vq = pipe.gpt.model, pipe.drafter.model, pipe.vq.model
     neighbors = build_neighbors(vq.quantize.embedding.weight, 1000)
@@ -182,10 +190,29 @@ def run(images: int, round_size: int, sampling: SamplingConfig, device: torch.de
                 t.tokens.append(result.tokens.cpu())
                 t.labels.append(label)
         log.info("round %d/%d done", start // round_size + 1, -(-images // round_size))
-    report = summarise(rows, tallies, vq, device, images, model.config.vocab_size)
+        report.update(rows=timing_rows(rows, tallies))
+    report.update(**summarise(rows, tallies, vq, device, images, model.config.vocab_size))
     curve = measure_costs(model, drafter, rows=2 if sampling.uses_cfg else 1, reps=20)
-    report["cost_curve"] = {"verify_ms": [(n, 1000 * s) for n, s in curve.verify_s], "draft_ms": 1000 * curve.draft_s}
-    return report
+    return report.update(cost_curve={"verify_ms": [(n, 1000 * s) for n, s in curve.verify_s],
+                                     "draft_ms": 1000 * curve.draft_s})
+
+
+def timing_rows(rows: list[Method], tallies: dict) -> list[dict]:
+    """The columns known as soon as images are decoded (quality comes at the end), for the methods that have
+    images so far."""
+    ar = tallies["ar"]
+    ar_s = ar.seconds / ar.images if ar.images else float("nan")
+    out = []
+    for m in rows:
+        t = tallies[m.name]
+        if not t.images:
+            continue
+        s_per_image = t.seconds / t.images
+        out.append({"method": m.name, "tree": ", ".join(sorted(t.trees)) or "-", "images": t.images,
+                    "forward_passes_per_image": t.forwards / t.images,
+                    "mean_accepted_length": t.tokens[0].shape[1] * t.images / t.forwards,
+                    "s_per_image": s_per_image, "speedup_vs_ar": ar_s / s_per_image})
+    return out
 
 
 def summarise(rows: list[Method], tallies: dict, vq, device, images: int, vocab: int) -> dict:
@@ -195,12 +222,10 @@ def summarise(rows: list[Method], tallies: dict, vq, device, images: int, vocab:
     except ImportError as error:  # a GPU box without scikit-image: keep every other column
         log.warning("no real photos for the Frechet column (%s)", error)
         real = None
-    ar = tallies["ar"]
-    ar_tokens = torch.cat(ar.tokens)
-    ar_s = ar.seconds / ar.images
-    out = []
-    for m in rows:
-        t = tallies[m.name]
+    ar_tokens = torch.cat(tallies["ar"].tokens)
+    out = timing_rows(rows, tallies)
+    for row in out:
+        t = tallies[row["method"]]
         tokens = torch.cat(t.tokens)
         labels = torch.tensor(t.labels)
         feats, preds = [], []
@@ -211,18 +236,23 @@ def summarise(rows: list[Method], tallies: dict, vq, device, images: int, vocab:
                 feats.append(f.cpu())
                 preds.append(clf.head(f).argmax(-1).cpu())
         feats = torch.cat(feats).numpy()
-        s_per_image = t.seconds / t.images
-        out.append({
-            "method": m.name, "tree": ", ".join(sorted(t.trees)) or "-", "images": t.images,
-            "forward_passes_per_image": t.forwards / t.images,
-            "mean_accepted_length": tokens.shape[1] * t.images / t.forwards,
-            "s_per_image": s_per_image, "speedup_vs_ar": ar_s / s_per_image,
-            "classifier_accuracy": float((torch.cat(preds) == labels).float().mean()),
-            "frechet_vs_real": frechet(feats, real) if real is not None else float("nan"),
-            "token_tvd_vs_ar": marginal_tvd(tokens, ar_tokens, vocab) if m.name != "ar" else 0.0,
-        })
-        log.info("%s", out[-1])
+        row.update(classifier_accuracy=float((torch.cat(preds) == labels).float().mean()),
+                   frechet_vs_real=frechet(feats, real) if real is not None else float("nan"),
+                   token_tvd_vs_ar=marginal_tvd(tokens, ar_tokens, vocab) if row["method"] != "ar" else 0.0)
+        log.info("%s", row)
     return {"rows": out}
+
+
+def quality_cells(row: dict) -> str:
+    """The three quality cells of a row, blank until the run's end computes them."""
+    if "classifier_accuracy" not in row:
+        return " |  | "
+    return f"{row['classifier_accuracy']:.3f} | {row['frechet_vs_real']:.3f} | {row['token_tvd_vs_ar']:.3f}"
+
+
+def file_tag(prefixes: list[str]) -> str:
+    """A subset run's file-name part (`--only sjd` -> "_sjd"), in characters every file system keeps."""
+    return "".join("_" + re.sub(r"[^A-Za-z0-9_.-]+", "-", prefix).strip("-") for prefix in prefixes)
 
 
 def markdown(report: dict) -> str:
@@ -235,16 +265,18 @@ def markdown(report: dict) -> str:
              "| method | tree | forward passes / image | mean accepted length | s / image | speed-up vs AR | "
              "classifier acc. | Frechet (clf features) vs real | token-marginal TVD vs AR |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for r in report["rows"]:
+    for r in report.get("rows", []):
         lines.append(f"| {r['method']} | {r['tree']} | {r['forward_passes_per_image']:.1f} | "
                      f"{r['mean_accepted_length']:.2f} | {r['s_per_image']:.3f} | {r['speedup_vs_ar']:.2f}x | "
-                     f"{r['classifier_accuracy']:.3f} | {r['frechet_vs_real']:.3f} | {r['token_tvd_vs_ar']:.3f} |")
+                     f"{quality_cells(r)} |")
     lines += ["", "The `ar (other seeds)` row is the noise floor: two AR sample sets differ this much by chance "
                   "alone. Exact modes (eagle2, static_tree, sjd, sjd_coupled, sjd continuation, the 2-D (next row) rows) "
                   "sample the AR distribution, so their quality columns should sit within that noise; the relaxed and "
                   "sjd_2d_relaxed rows are lossy and are measured against it.", "",
-              "## Forward-cost curve (what `auto` plans with)", "",
-              "| tree tokens verified | ms per verification | vs 1 token |", "|---|---|---|"]
+              "## Forward-cost curve (what `auto` plans with)", ""]
+    if "cost_curve" not in report:
+        return "\n".join(lines + ["Not measured yet (the run stopped before it)."]) + "\n"
+    lines += ["| tree tokens verified | ms per verification | vs 1 token |", "|---|---|---|"]
     base = report["cost_curve"]["verify_ms"][0][1]
     for n, ms in report["cost_curve"]["verify_ms"]:
         lines.append(f"| {n} | {ms:.2f} | {ms / base:.2f}x |")
@@ -266,16 +298,16 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     sampling = SamplingConfig(cfg_scale=args.cfg, temperature=args.temperature)
+    # a subset run keeps the full table's file apart
+    report = Report(args.out, f"speculative{file_tag(args.only)}_{device.type}_{args.dtype}", markdown,
+                    **machine_info(device), model=EMBEDDED_NAME, dtype=args.dtype, images=args.images,
+                    sampling=asdict(sampling), rows=[])
     torch.set_flush_denormal(True)
     try:
-        report = run(args.images, args.round, sampling, device, dtype, tuple(args.only))
+        run(args.images, args.round, sampling, device, dtype, tuple(args.only), report)
     finally:
         torch.set_flush_denormal(False)
-    report.update(machine_info(device), model=EMBEDDED_NAME, dtype=args.dtype, images=args.images,
-                  sampling=asdict(sampling))
-    subset = "".join(f"_{prefix}" for prefix in args.only)  # a subset run keeps the full table's file apart
-    write_report(args.out, f"speculative{subset}_{device.type}_{args.dtype}", report, markdown(report))
-    return report
+    return report.finish()
 
 
 if __name__ == "__main__":

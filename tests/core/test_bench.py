@@ -20,7 +20,7 @@ def test_bench_rows_and_report_on_a_tiny_bf16_model():
               "machine": "test", "date": "today", "ar": [asdict(row)], "verify": [asdict(r) for r in curve]}
     text = bench.markdown(report)
     assert "| tiny | 2 | 4 | 16 |" in text and "Worst overhead" in text
-    assert set(bench.PROFILES) == {"cpu", "cuda"}
+    assert set(bench.PROFILES) == {"cpu", "cuda", "smoke"}
 
 
 def test_iteration_cost_times_every_mode_next_to_an_ar_step():
@@ -62,3 +62,28 @@ def test_decode_bench_times_both_decodes_on_a_tiny_vq():
     report = {"device": "cpu", "dtype": "float32", "machine": "m", "torch": "t", "threads": 1, "date": "d",
               "repeats": 1, "decoders": [{"decoder": "embedded 128 px", "grid": 16, "rows": rows}]}
     assert "| 3 |" in markdown(report) and "embedded 128 px" in markdown(report)
+
+
+def test_reports_are_rewritten_after_every_row(tmp_path):
+    """A benchmark stopped mid-run keeps its rows: the files exist after the first row, `complete` only at the end,
+    and no half-written file is left beside them."""
+    import json
+
+    from lantern_core.benchmarks.iteration_cost import markdown, run
+    from lantern_core.benchmarks.report_writer import Report
+
+    seen = []
+
+    class Recording(Report):
+        def save(self) -> None:
+            super().save()
+            seen.append(len(json.loads((tmp_path / "cost.json").read_text())["rows"]))
+
+    report = Recording(tmp_path, "cost", markdown, **bench.machine_info(torch.device("cpu")), dtype="float32")
+    run(TINY_C2I, "tiny", torch.device("cpu"), torch.float32, k=4, iterations=2, only=("sjd (window",), report=report)
+    assert seen == [0, 1, 2]  # the header, AR, the one chosen mode
+    assert json.loads((tmp_path / "cost.json").read_text())["complete"] is False
+    assert "| sjd (window 16) | 2 |" in (tmp_path / "cost.md").read_text()
+    report.finish()
+    assert json.loads((tmp_path / "cost.json").read_text())["complete"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cost.json", "cost.md"]

@@ -1,0 +1,101 @@
+"""`bench/gpu_check.sh` without a GPU: the step budgets keep each part inside one 8-minute device call; a failing
+or overrunning step is recorded and packed without stopping the others (a stand-in python); and the CPU dry run
+(`GPU_CHECK_DRY=1`: every step's code path with tiny shapes) passes every step and packs each step's log and
+complete reports into the two archives, leaving at most 4 files in $OUT and bench/results untouched."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "gpu_check.sh"
+DEVICE_CALL_S = 480  # one device command: at most 8 minutes
+# the report each benchmark step writes, by file stem (the dry run: CPU)
+REPORTS = {"decode_counts": r"decode_counts_cpu_bfloat16", "ar": r"ar_cpu_float32",
+           "iteration_cost": r"iteration_cost_cpu_float32", "speculative": r"speculative(_[\w.=-]+)?_cpu_float32",
+           "batched": r"batched_cpu_float32", "families": r"families_cpu_float32",
+           "prefix_states": r"prefix_states_cpu_float32", "decode": r"decode_cpu_float32",
+           "quantization": r"quantization_cpu_bfloat16"}
+
+
+def steps() -> list[tuple[str, str, int]]:
+    """(part, step, budget s) from the script's STEPS table."""
+    table = re.search(r'^STEPS="\n(.*?)^"', SCRIPT.read_text(), re.S | re.M).group(1)
+    return [(part, name, int(budget)) for part, name, budget in (line.split() for line in table.splitlines())]
+
+
+def summary(path: Path) -> dict[str, tuple[str, str]]:
+    """step -> (status, rc) from a summary_part<N>.txt."""
+    rows = [line.split() for line in path.read_text().splitlines()]
+    return {row[2]: (row[3], row[4]) for row in rows}
+
+
+def run_script(out: Path, env: dict, timeout: int) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env={**os.environ, "OUT": str(out), **env},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_each_part_fits_one_device_call():
+    table = steps()
+    grace = int(re.search(r"^KILL_AFTER=(\d+)", SCRIPT.read_text(), re.M).group(1))
+    assert {part for part, _, _ in table} == {"1", "2"} and len({name for _, name, _ in table}) == len(table)
+    assert set(REPORTS) | {"environment", "test-cuda"} == {name for _, name, _ in table}
+    for part in ("1", "2"):
+        budgets = [budget for p, _, budget in table if p == part]
+        assert sum(budgets) <= 420, (part, sum(budgets))  # room for start-up, packing and the summary
+        assert sum(budgets) + grace * len(budgets) <= DEVICE_CALL_S, part  # every step killed at its limit
+
+
+def test_a_failing_or_overrunning_step_does_not_stop_the_others(tmp_path):
+    python = tmp_path / "python"  # a stand-in: decode_counts fails, ar overruns its budget, the rest pass
+    python.write_text("#!/bin/bash\ncase \"$*\" in\n  *benchmarks.decode_counts*) exit 3 ;;\n"
+                      "  *benchmarks.ar\\ *) sleep 30 ;;\nesac\nexit 0\n")
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    result = run_script(out, {"GPU_CHECK_DRY": "1", "PART": "1", "PY": str(python), "GPU_CHECK_MAX_BUDGET": "2"}, 60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    status = summary(out / "summary_part1.txt")
+    assert status == {"environment": ("passed", "rc=0"), "test-cuda": ("passed", "rc=0"),
+                      "decode_counts": ("failed", "rc=3"), "ar": ("timed-out", "rc=124"),
+                      "iteration_cost": ("passed", "rc=0")}
+    assert "passed 3, failed 1, timed out 1;" in result.stdout
+    with tarfile.open(out / "gpu_check_part1.tar.gz") as archive:
+        names = set(archive.getnames())
+    assert {f"part1/logs/{name}.log" for name in status} <= names and "part1/summary.txt" in names
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check_part1.tar.gz", "summary_part1.txt"]
+
+
+@pytest.mark.slow
+def test_dry_run_passes_every_step_and_packs_its_reports(tmp_path):
+    results = ROOT / "bench" / "results"
+    before = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
+    out = tmp_path / "out"
+    result = run_script(out, {"GPU_CHECK_DRY": "1", "PART": "all", "PY": sys.executable}, 900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check_part1.tar.gz", "gpu_check_part2.tar.gz",
+                                                      "summary_part1.txt", "summary_part2.txt"]
+    table = steps()
+    assert f"passed {len(table)}, failed 0, timed out 0;" in result.stdout
+    for part in ("1", "2"):
+        names = [name for p, name, _ in table if p == part]
+        assert summary(out / f"summary_part{part}.txt") == {name: ("passed", "rc=0") for name in names}
+        with tarfile.open(out / f"gpu_check_part{part}.tar.gz") as archive:
+            members = {m.name: m for m in archive.getmembers()}
+            for name in names:
+                assert f"part{part}/logs/{name}.log" in members, name
+                if name not in REPORTS:
+                    continue
+                stems = [Path(m).stem for m in members if m.startswith(f"part{part}/results/")
+                         and re.fullmatch(REPORTS[name], Path(m).stem)]
+                assert len(stems) == 2, (name, stems)  # its .json and its .md
+                report = json.load(archive.extractfile(f"part{part}/results/{stems[0]}.json"))
+                assert report["complete"] is True and report["device"] == "cpu", name
+                assert archive.extractfile(f"part{part}/results/{stems[0]}.md").read().startswith(b"# ")
+    assert {p.name: p.stat().st_mtime_ns for p in results.iterdir()} == before  # reports went to a scratch folder
