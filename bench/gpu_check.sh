@@ -117,7 +117,7 @@ step_command() {  # CMD: step $1's command, with the GPU's arguments or (dry) ti
       tiny=(--batches 1 2 --llamagen-batches 1 --llamagen-grid 4 --repeats 1) ;;
     quantization)
       module=quantization_gpu
-      gpu=(--model 7B --batches 1 4 --compile graphs)
+      gpu=(--model 7B --batches 1 4 --compile graphs --matmul fused dequantize)
       tiny=(--model tiny --batches 1 --compile graphs) ;;
     *) echo "no command for step $1" >&2; CMD=(false); return ;;
   esac
