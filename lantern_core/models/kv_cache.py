@@ -1,13 +1,16 @@
 """Static, preallocated key/value cache shared by every model and decoder.
 
-One pair of tensors of shape (n_layer, B, n_kv_head, max_len, head_dim) allocated once per run;
-forward passes write new keys/values at explicit slots and attend over a prefix view. Compaction
-(copying an accepted speculative path into place) also lives here. It does not decide what is valid:
-masks come from `attention_mask`.
+One pair of tensors of shape (n_layer, B, n_kv_head, max_len, head_dim) allocated once per run, with each
+layer's (B, n_kv_head, max_len, head_dim) view made once beside it; forward passes write new keys/values at
+explicit slots of a layer's view and attend over a prefix of it. Writing through views made outside a
+compiled step keeps Inductor's writes in place: a view taken inside the step of the 5-D tensor (a graph
+input) is written out of place, a copy of the whole layer, and copied back. Compaction (copying an accepted
+speculative path into place) also lives here. It does not decide what is valid: masks come from
+`attention_mask`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,6 +19,16 @@ import torch
 class KVCache:
     keys: torch.Tensor  # (L, B, H_kv, S_max, D)
     values: torch.Tensor  # (L, B, H_kv, S_max, D)
+    layer_keys: tuple[torch.Tensor, ...] = field(init=False, repr=False)  # L views (B, H_kv, S_max, D)
+    layer_values: tuple[torch.Tensor, ...] = field(init=False, repr=False)  # L views (B, H_kv, S_max, D)
+    rows: torch.Tensor = field(init=False, repr=False)  # (B, 1) long 0..B-1: the row index of per-row writes
+
+    def __post_init__(self) -> None:
+        # detached: autograd sees no view to rebase (an autograd view made once could not be written in place
+        # under grad mode after another layer's write); they share the 5-D tensors' storage all the same
+        self.layer_keys = tuple(layer.detach() for layer in self.keys)
+        self.layer_values = tuple(layer.detach() for layer in self.values)
+        self.rows = torch.arange(self.keys.shape[1], device=self.keys.device)[:, None]
 
     @classmethod
     def allocate(cls, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
@@ -38,14 +51,14 @@ class KVCache:
     def update(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int):
         """Write k, v (B, H_kv, T, D) at `slots`, (T,) shared by every row or (B, T) per row (rows of a
         batch at different lengths), and return views of the first kv_len slots."""
+        keys, values = self.layer_keys[layer], self.layer_values[layer]  # (B, H_kv, S_max, D)
         if slots.dim() == 1:
-            self.keys[layer].index_copy_(2, slots, k)
-            self.values[layer].index_copy_(2, slots, v)
-        else:
-            index = slots[:, None, :, None].expand_as(k)  # (B, H_kv, T, D)
-            self.keys[layer].scatter_(2, index, k)
-            self.values[layer].scatter_(2, index, v)
-        return self.keys[layer, :, :, :kv_len], self.values[layer, :, :, :kv_len]
+            keys.index_copy_(2, slots, k)
+            values.index_copy_(2, slots, v)
+        else:  # index_put_, not scatter_: Inductor lowers scatter_ out of place (a copy of the layer)
+            keys[self.rows, :, slots] = k.transpose(1, 2)  # (B, T, H_kv, D) at (row, slot)
+            values[self.rows, :, slots] = v.transpose(1, 2)
+        return keys[:, :, :kv_len], values[:, :, :kv_len]
 
     def keep_rows(self, rows: list[int]) -> "KVCache":
         """The cache of batch rows `rows` (ascending) only, made in place: those rows move to the front of
@@ -54,14 +67,19 @@ class KVCache:
         return KVCache(keep_rows(self.keys, rows, dim=1), keep_rows(self.values, rows, dim=1))
 
     def release(self) -> None:
-        """Drop the buffers (the object stays valid but empty); used in `finally` after a run."""
+        """Drop the buffers and their views (the object stays valid but empty); used in `finally` after a run."""
         self.keys = self.values = torch.empty(0)
+        self.layer_keys = self.layer_values = ()
 
     def compact(self, source_slots: torch.Tensor, dest_start: int | torch.Tensor) -> None:
         """Copy the entries at `source_slots` (n,) to dest_start .. dest_start+n-1 in every layer
         (`dest_start` an int or a () device tensor); per row, source_slots (B, n) go to dest_start (B,) ..
-        (every row gathers all n entries before any is written)."""
+        (every row gathers all n entries before any is written). Eagerly two kernels per buffer over all
+        layers; compiled, per layer view (the 5-D tensor beside the views would make Inductor copy it)."""
         n = source_slots.shape[-1]
+        if torch.compiler.is_compiling():
+            compact_layers(self, source_slots, dest_start)
+            return
         if source_slots.dim() == 1:
             dest = dest_start + torch.arange(n, device=source_slots.device)
             for buf in (self.keys, self.values):
@@ -73,6 +91,21 @@ class KVCache:
         for buf in (self.keys, self.values):
             picked = buf.gather(3, source_slots[None, :, None, :, None].expand(L, B, H, n, D))  # (L, B, H, n, D)
             buf.scatter_(3, dest[None, :, None, :, None].expand(L, B, H, n, D), picked)
+
+
+def compact_layers(cache: KVCache, source_slots: torch.Tensor, dest_start: int | torch.Tensor) -> None:
+    """`KVCache.compact` one layer view at a time, each written with an op Inductor does in place."""
+    n = source_slots.shape[-1]
+    per_row = source_slots.dim() == 2
+    start = dest_start[:, None] if per_row else dest_start
+    dest = start + torch.arange(n, device=source_slots.device)  # (B, n) per row, else (n,)
+    for buf in (*cache.layer_keys, *cache.layer_values):  # (B, H, S_max, D)
+        if not per_row:
+            buf.index_copy_(2, dest, buf.index_select(2, source_slots))
+        else:
+            B, H, _, D = buf.shape
+            picked = buf.gather(2, source_slots[:, None, :, None].expand(B, H, n, D))  # (B, H, n, D)
+            buf[cache.rows, :, dest] = picked.transpose(1, 2)  # (B, n, H, D) at (row, slot)
 
 
 def keep_rows(t: torch.Tensor, rows: list[int], dim: int = 0) -> torch.Tensor:

@@ -6,6 +6,8 @@ CPU); and an iteration that traces with `torch.compile(fullgraph=True)` and deco
 recompiling."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -73,7 +75,11 @@ def run(model, labels, name, table, seed, compile="off"):
 
 @pytest.mark.parametrize("name", sorted(MODES))
 def test_iteration_loop_matches_the_step_by_step_decoder(wide, name):
+    """In float64: the batched iteration and the one-image reference multiply different shapes, so in float32
+    their probabilities differ in the last bits, and on some CPUs (AMD EPYC here) that flipped one near-tie
+    accept/reject late in an image (sjd_repeat_above, token 91 of 100); float64 leaves no such near-ties."""
     model, table = wide
+    model = copy.deepcopy(model).double()
     config, sampling, needs = MODES[name]
     labels = [1, 3]
     got = run(model, labels, name, table, seed=5)
