@@ -55,9 +55,17 @@ demo: $(HOST_STAMP)
 cli-demo: $(STAMP)
 	$(PY) -m lantern_core generate --cls astronaut --cls cat --cls rocket --cls coffee --seed 0 --out $(DEMO_OUT)
 
-## The whole test suite (CPU): core library, nodes in a real ComfyUI, the web UI in Chromium.
+## The whole test suite (CPU): core library, nodes in a real ComfyUI, the web UI in Chromium. Runs on
+## $(TEST_WORKERS) pytest-xdist workers (one torch thread each), prints the 30 slowest tests and the total, and
+## keeps the JUnit XML in .test-results/ (tests/host/durations.py turns it into bench/results/test_durations.md).
+TEST_WORKERS ?= 2
 test: $(HOST_STAMP) $(FRONTEND_STAMP) $(REGISTRY_STAMP) browser
-	$(PY) -m pytest -q tests
+	mkdir -p .test-results
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --durations=30 \
+	    --junitxml=.test-results/junit.xml tests
+	@if grep -rqs --include='*.py' "mark.alone(" tests; then \
+	  echo "tests marked alone (one process, nothing beside them):"; \
+	  $(PY) -m pytest -q -m alone --durations=30 --junitxml=.test-results/junit-alone.xml tests; fi
 
 ## The long reliability run -> bench/results/soak_cpu.{json,md} and fuzz_loaders.json: 300 generations through a
 ## real ComfyUI (random Cancels and /free, repeated seeds, RSS, audited writes; ~10 min), then 1,000 mutated

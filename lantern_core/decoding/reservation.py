@@ -9,7 +9,8 @@ eagerly, the shrink of the state when finished images leave a batch. `memory_tra
 of every storage the ops make; the peak is the reservation. No kernel runs and no weight is read (about a
 second for a 7B model on the CPU, in Python bookkeeping; plans are kept per shape). Because it runs the
 decoders' own code, a new buffer or a wider forward is counted without anyone updating a formula;
-`tests/core/test_reservation.py` holds it to what real runs allocate, for every mode at two batch sizes.
+`tests/core/test_reservation.py` holds it to what real runs allocate, one case per distinct path of the plan
+(every mode family, one image and a shrinking batch).
 
 Not counted: the weights (placed by the host, which counts them itself), kernels' private scratch and the
 allocator's rounding and fragmentation, and on CUDA the graphs' memory pool beyond one iteration's

@@ -1,6 +1,9 @@
 """The command line at parity with the nodes: every decoding mode, drafters, trees, relaxation and the Jacobi
 settings, the prompted families from their folders, the node's stats with --json, and the same refusals
-with the same messages (both call `decoding/modes.py`)."""
+with the same messages (both call `decoding/modes.py`). Most runs call `cli.main` in this process (the same
+parser, loading, decoding and --json report as `python -m lantern_core`, without a Python and torch start-up per
+run); one run per test that has a subprocess goes through `python -m lantern_core` itself (the entry point, its
+exit code and stdout)."""
 from __future__ import annotations
 
 import json
@@ -31,13 +34,29 @@ def run_cli(tmp_path: Path, *args: str, out: str) -> subprocess.CompletedProcess
                           timeout=600)
 
 
-def test_every_mode_from_the_command_line(tmp_path):
-    """Greedy exact modes give AR's image byte for byte; relaxed modes run and report the node's stats."""
-    ar = run_cli(tmp_path, "--cls", "cat", "--temperature", "0", out="ar")
+@pytest.fixture
+def cli_here(tmp_path, monkeypatch, capsys):
+    """`run_cli` in this process: `cli.main` with the same arguments; its exit code, stdout and stderr."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def run(tmp: Path, *args: str, out: str) -> subprocess.CompletedProcess:
+        argv = ["generate", "--seed", "5", "--out", str(tmp / out), "--json", *args]
+        code = cli.main(argv)
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
+    yield run
+    auto_store.use_store(None)
+
+
+def test_every_mode_from_the_command_line(tmp_path, cli_here):
+    """Greedy exact modes give AR's image byte for byte; relaxed modes run and report the node's stats. AR and
+    every run but the last through `cli.main` here (the images compared are made in one process); the last one
+    (proactive coupled SJD) through `python -m lantern_core`."""
+    ar = cli_here(tmp_path, "--cls", "cat", "--temperature", "0", out="ar")
     assert ar.returncode == 0, ar.stderr
     reference = (tmp_path / "ar" / "lantern_00005.png").read_bytes()
     for mode in ("eagle2", "static_tree", "sjd", "sjd_coupled"):
-        done = run_cli(tmp_path, "--cls", "cat", "--temperature", "0", "--decoding", mode, *FAST, out=mode)
+        done = cli_here(tmp_path, "--cls", "cat", "--temperature", "0", "--decoding", mode, *FAST, out=mode)
         assert done.returncode == 0, (mode, done.stderr[-2000:])
         assert (tmp_path / mode / "lantern_00005.png").read_bytes() == reference, mode
         stats = json.loads(done.stdout)["stats"]
@@ -47,15 +66,15 @@ def test_every_mode_from_the_command_line(tmp_path):
         assert stats["drafter_prefix_states"] == ("" if mode.startswith("sjd") else "native")
     for mode, extra in (("lantern", ["--delta", "0.3"]), ("lantern_pp", ["--lambda", "4"]),
                         ("sjd_relaxed", ["--sjd-relaxation", "gsd", "--gsd-gap", "0.2", "--init", "repeat_above"])):
-        done = run_cli(tmp_path, "--cls", "cat", "--cls", "rocket", "--decoding", mode, *FAST, *extra, out=mode)
+        done = cli_here(tmp_path, "--cls", "cat", "--cls", "rocket", "--decoding", mode, *FAST, *extra, out=mode)
         assert done.returncode == 0, (mode, done.stderr[-2000:])
         stats = json.loads(done.stdout)["stats"]
         assert stats["batch"] == 2 and len(stats["accepted_length_per_image"]) == 2 and stats["relaxed_tokens"] > 0
         assert stats["conditions"] == ["cat", "rocket"]
     gsd = json.loads(done.stdout)["stats"]
     assert "gsd group k8 gap 0.2" in gsd["tree"] and "repeat-above init" in gsd["tree"]
-    done = run_cli(tmp_path, "--cls", "cat", "--decoding", "sjd_2d_relaxed", "--rows", "4", "--row-window", "3",
-                   "--row-lead", "1", *FAST, out="rows")
+    done = cli_here(tmp_path, "--cls", "cat", "--decoding", "sjd_2d_relaxed", "--rows", "4", "--row-window", "3",
+                    "--row-lead", "1", *FAST, out="rows")
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)["stats"]
     assert "relaxed 2-D (lossy): 4 rows x w3 lead 1" in rows["tree"] and len(rows["row_commits"]) == 3
@@ -97,7 +116,9 @@ def test_a_drafter_mode_without_a_drafter_says_how_to_give_one(in_process_cli, c
     assert "--drafter" in capsys.readouterr().err
 
 
-def test_prompted_families_from_their_folders(tmp_path):
+def test_prompted_families_from_their_folders(tmp_path, cli_here):
+    """Both families' AR and coupled SJD through `cli.main` here (the same images, byte for byte); a folder
+    without --prompt through `python -m lantern_core` (its exit code 2 and message)."""
     from tests.tiny_families import save_chameleon_folder, save_chameleon_vqgan, save_janus_folder
 
     anole, janus = tmp_path / "anole", tmp_path / "janus"
@@ -106,9 +127,9 @@ def test_prompted_families_from_their_folders(tmp_path):
     save_janus_folder(janus, seed=6, grid=4)
     prompts = ["--prompt", "a red cat", "--prompt", "a photo of the blue sky"]
     for name, folder, extra in (("anole", anole, ["--grid-size", "4"]), ("janus", janus, [])):
-        ar = run_cli(tmp_path, "--model", str(folder), *prompts, *extra, "--temperature", "0", out=f"{name}_ar")
-        sjd = run_cli(tmp_path, "--model", str(folder), *prompts, *extra, "--temperature", "0", "--decoding",
-                      "sjd_coupled", "--window", "4", out=f"{name}_sjd")
+        ar = cli_here(tmp_path, "--model", str(folder), *prompts, *extra, "--temperature", "0", out=f"{name}_ar")
+        sjd = cli_here(tmp_path, "--model", str(folder), *prompts, *extra, "--temperature", "0", "--decoding",
+                       "sjd_coupled", "--window", "4", out=f"{name}_sjd")
         assert ar.returncode == 0 and sjd.returncode == 0, (name, ar.stderr[-2000:], sjd.stderr[-2000:])
         for i in (5, 6):
             assert (tmp_path / f"{name}_sjd" / f"lantern_{i:05d}.png").read_bytes() == \
@@ -119,9 +140,10 @@ def test_prompted_families_from_their_folders(tmp_path):
     assert missing.returncode == 2 and "--prompt" in missing.stderr
 
 
-def test_lumina_at_another_size_from_the_command_line(tmp_path):
+def test_lumina_at_another_size_from_the_command_line(tmp_path, cli_here):
     """--size 96x64 on a Lumina-mGPT folder: an image 6 codes wide and 4 high (the tiny VQGAN's pixels per code);
-    the same size on an Anole folder, or --size with a LlamaGen file, is a usage error naming --size."""
+    the same size on an Anole folder, or --size with a LlamaGen file, is a usage error naming --size (all
+    through `cli.main` here)."""
     from PIL import Image
 
     from tests.tiny_families import save_chameleon_folder, save_chameleon_vqgan
@@ -131,14 +153,14 @@ def test_lumina_at_another_size_from_the_command_line(tmp_path):
     save_chameleon_vqgan(lumina / "vqgan.ckpt")
     save_chameleon_folder(anole, seed=8)
     save_chameleon_vqgan(anole / "vqgan.ckpt")
-    done = run_cli(tmp_path, "--model", str(lumina), "--prompt", "a red cat", "--size", "96x64", "--decoding",
-                   "sjd_coupled", "--window", "4", out="wide")
+    done = cli_here(tmp_path, "--model", str(lumina), "--prompt", "a red cat", "--size", "96x64", "--decoding",
+                    "sjd_coupled", "--window", "4", out="wide")
     assert done.returncode == 0, done.stderr[-2000:]
     stats = json.loads(done.stdout)["stats"]
     assert stats["image_tokens"] == 4 * 7 and len(stats["heatmap"]) == 4
     width, height = Image.open(tmp_path / "wide" / "lantern_00005.png").size
     assert width * 4 == height * 6 and width > 0
-    refused = run_cli(tmp_path, "--model", str(anole), "--prompt", "a cat", "--size", "96x64", out="anole")
+    refused = cli_here(tmp_path, "--model", str(anole), "--prompt", "a cat", "--size", "96x64", out="anole")
     assert refused.returncode == 2 and "image_size" in refused.stderr and "Lumina-mGPT" in refused.stderr
-    llamagen = run_cli(tmp_path, "--cls", "cat", "--size", "96x64", out="llamagen")
+    llamagen = cli_here(tmp_path, "--cls", "cat", "--size", "96x64", out="llamagen")
     assert llamagen.returncode == 2 and "--size" in llamagen.stderr

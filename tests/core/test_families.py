@@ -221,13 +221,15 @@ def test_chameleon_vqgan_loads_from_a_taming_checkpoint_and_encodes_like_transfo
 
 def test_family_benchmark_writes_a_report(tmp_path):
     """`python -m lantern_core.benchmarks.families` on the CPU: every family (Anole, Lumina, Janus), every method
-    (AR, Jacobi, drafter modes with a briefly trained drafter), cost curve, files."""
+    (AR, Jacobi, drafter modes with a briefly trained drafter), cost curve, files. The code paths at the smallest
+    size (the micro shapes, 4 x 4 tokens); the CPU-sized tiny shapes run in `make bench`."""
     from lantern_core.benchmarks.families import main
 
-    report = main(["--out", str(tmp_path), "--images", "1", "--train-steps", "2", "--grid", "6"])
-    assert [r["model"] for r in report["rows"]] == ["chameleon tiny (random)", "lumina tiny (random)",
-                                                    "janus tiny (random)"]
-    assert report["rows"][1]["image_tokens"] == 6 * 7  # Lumina: an end-of-row token per row
+    report = main(["--out", str(tmp_path), "--images", "1", "--train-steps", "2", "--grid", "4",
+                   "--models", "chameleon:micro", "lumina:micro", "janus:micro"])
+    assert [r["model"] for r in report["rows"]] == ["chameleon micro (random)", "lumina micro (random)",
+                                                    "janus micro (random)"]
+    assert report["rows"][1]["image_tokens"] == 4 * 5  # Lumina: an end-of-row token per row
     for row in report["rows"]:
         assert set(row["methods"]) == {"ar", "sjd", "sjd_coupled", "sjd_coupled 2-D", "sjd_2d_relaxed", "static_tree",
                                        "lantern_pp"}
@@ -237,4 +239,4 @@ def test_family_benchmark_writes_a_report(tmp_path):
         assert [n for n, _ in row["curve_ms"]][:2] == [1, 2] and all(ms > 0 for _, ms in row["curve_ms"])
     # Lumina's forced end-of-row drafts are always accepted, so drafting passes > 1 token per step even untrained
     assert report["rows"][1]["methods"]["lantern_pp"]["mean_accepted_length"] > 1.0
-    assert (tmp_path / "families_cpu_float32.md").read_text().count("| janus tiny (random) |") == 7
+    assert (tmp_path / "families_cpu_float32.md").read_text().count("| janus micro (random) |") == 7

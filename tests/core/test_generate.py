@@ -1,4 +1,6 @@
 """AR generation: the cached loop equals a from-scratch recompute, seeds, CFG, batching, t2i masks."""
+import copy
+
 import pytest
 import torch
 
@@ -110,6 +112,7 @@ def test_training_logits_follow_the_caption_mask(t2i_model):
 
 
 def test_t2i_unconditional_rows_use_uncond_embedding(t2i_model):
+    t2i_model = copy.deepcopy(t2i_model)  # changed below: the session fixture is read-only
     caption = torch.randn(1, 6, 24, generator=torch.Generator().manual_seed(2))
     condition = Condition(caption=caption)
     guided, plain = SamplingConfig(cfg_scale=5.0, temperature=0.0), SamplingConfig(cfg_scale=1.0, temperature=0.0)
@@ -142,6 +145,7 @@ def test_batch_of_n_equals_n_single_runs(c2i_model):
 
 def test_cfg_one_equals_conditional_only_model(c2i_model):
     """Guidance 1.0 must reproduce sampling from the conditional logits alone (no null-class influence)."""
+    c2i_model = copy.deepcopy(c2i_model)  # changed below: the session fixture is read-only
     sampling = SamplingConfig(cfg_scale=1.0, temperature=1.0)
     cond = Condition.classes([2, 3])
     tokens = generate(c2i_model, cond, sampling, make_generators(5, 2)).tokens
@@ -165,7 +169,7 @@ def test_stats_count_forward_passes_and_time(c2i_model):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_generation_runs_and_stays_in_vocab(c2i_model, dtype):
-    model = c2i_model.to(dtype)
+    model = copy.deepcopy(c2i_model).to(dtype)  # .to changes a module in place
     result = generate(model, Condition.classes([0, 1]), SamplingConfig(cfg_scale=2.0), make_generators(0, 2))
     assert result.tokens.dtype == torch.long
     assert int(result.tokens.min()) >= 0 and int(result.tokens.max()) < TINY_C2I.vocab_size

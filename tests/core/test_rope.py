@@ -1,4 +1,5 @@
 """2-D RoPE: table values against a hand computation, the zero prefix, and the rotation itself."""
+import copy
 import math
 
 import torch
@@ -44,6 +45,6 @@ def test_prefix_positions_zero_q_and_k(c2i_model):
 
 
 def test_rope_table_stays_float32_in_half_precision(c2i_model):
-    model = c2i_model.to(torch.bfloat16)
+    model = copy.deepcopy(c2i_model).to(torch.bfloat16)  # .to changes a module in place
     assert model.rope_table.dtype == torch.float32
     assert model.tok_embeddings.weight.dtype == torch.bfloat16

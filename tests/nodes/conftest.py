@@ -109,6 +109,27 @@ def frontend_server(request):
                                    else "server_new_frontend")
 
 
+SERVER_FIXTURES = ("server", "server_new_frontend", "frontend_server")
+
+
+@pytest.fixture(autouse=True)
+def _shared_server_left_clean(request):
+    """Tests share a server per session: after each, its models folder, settings file and queue are put back
+    (tests/host/server_state.py). Settings are UI choices a test makes for itself; an added model file or a
+    prompt still queued or running is a leak that fails the test that left it."""
+    names = [n for n in SERVER_FIXTURES if n in request.fixturenames]
+    if not names:
+        yield
+        return
+    import server_state
+
+    servers = list({id(s): s for s in (request.getfixturevalue(n) for n in names)}.values())
+    before = [server_state.read_state(s) for s in servers]
+    yield
+    unexpected = [leak for s, state in zip(servers, before) for leak in server_state.restore_state(s, state).unexpected()]
+    assert not unexpected, "this test left the shared server changed (now put back): " + "; ".join(unexpected)
+
+
 @pytest.fixture(autouse=True)
 def _runs_are_planned(caplog):
     """Every sampler run in these tests plans its memory: the sampler's fallback (run without a reservation

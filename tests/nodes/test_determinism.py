@@ -10,7 +10,11 @@ A batch runs its forwards over more rows and over the key window of its furthest
 model (CPU, fp32) a row's logits may differ from its single run in the last bit. Uncoupled SJD draws every
 refill by inverse CDF from those probabilities, so one draw can land on the other side of a boundary (seed 71
 diverges from token 58 on); the batched logic itself is tested exact on tiny models in every mode
-(tests/core/test_batched_decoding.py)."""
+(tests/core/test_batched_decoding.py).
+
+The mode grids hold one case per distinct decoding path through the nodes (see MODES and LOSSLESS); a mode
+that only reuses another's step with a different acceptance setting is covered by the kept case that runs
+that step (listed beside each grid), and every mode's batched logic stays tested exactly on tiny models."""
 from __future__ import annotations
 
 import sys
@@ -19,7 +23,22 @@ import weakref
 import pytest
 import torch
 
-MODES = ["ar", "eagle2", "static_tree", "lantern", "lantern_pp", "sjd", "sjd_coupled", "sjd_relaxed", "sjd_2d_relaxed"]
+# One case per distinct path of lantern_core/decoding through batching, the `auto` store and a reload:
+#   ar              the AR step (generate.py / ar_step.py), no `auto` choice
+#   lantern         the dynamic EAGLE-2 tree step (drafting.py DynamicShape, tree_step / tree_walk) with LANTERN's
+#                   delta relaxation (relaxation.py, neighbour table); tree="auto" is "dynamic" for it, no calibration
+#   lantern_pp      the static tree step with the `auto` sub-tree calibration remembered across a reload
+#                   (speculative._auto_tree / choose_subtree, auto_store) and LANTERN++'s lambda relaxation
+#   sjd             1-D uncoupled Jacobi (inverse-CDF drafts and residual draws; jacobi.py), `auto` window
+#   sjd_relaxed     1-D coupled Jacobi (per-position noise table) with relaxed (lambda) acceptance, `auto` window
+#   sjd_2d_relaxed  relaxed 2-D Jacobi: several row windows committing at their own fronts (jacobi_rows.py),
+#                   `auto` geometry (choose_rows) remembered across a reload
+# Dropped (their path runs in a kept case): eagle2 -> lantern (same dynamic tree step and walk, exact instead of
+# delta acceptance); static_tree -> lantern_pp (same static tree step and `auto` sub-tree store, exact instead of
+# lambda acceptance); sjd_coupled -> sjd_relaxed (same coupled Jacobi step and `auto` window, exact instead of
+# relaxed acceptance; sjd_coupled also runs between workflows in every case below). Each dropped mode's batch
+# == single runs, exact: tests/core/test_batched_decoding.py test_each_image_of_a_batch_is_its_single_run.
+MODES = ["ar", "lantern", "lantern_pp", "sjd", "sjd_relaxed", "sjd_2d_relaxed"]
 SETTINGS = dict(tree="auto", chain_length=4, custom_tree="[[0], [1], [0, 0]]", lantern_k=10, delta=0.1, lam=5.0,
                 eagle_depth=4, eagle_top_k=4, eagle_nodes=12, jacobi_window=0, jacobi_init="sample_left",
                 sjd_relaxation="lantern_pp", gsd_gap=0.15)
@@ -74,15 +93,28 @@ def test_batch_positions_and_reloads_keep_images(pack, node, mm, monkeypatch, mo
     assert torch.equal(again, batch), mode
 
 
-@pytest.mark.parametrize("mode,overrides", [("lantern", {"delta": 0.0}), ("lantern_pp", {"lam": 1.0}),
-                                            ("sjd_relaxed", {"lam": 1.0, "jacobi_window": 8}),
-                                            ("static_tree", {}), ("eagle2", {}), ("sjd", {"jacobi_window": 8}),
-                                            ("sjd_coupled", {"jacobi_window": 8})])
+# Greedy, at the neutral setting of each relaxed rule (the relaxed code runs, and must accept what exact does):
+#   lantern delta 0         dynamic EAGLE-2 tree, relaxed greedy walk (tree_walk.relaxed_greedy_passes, delta)
+#   lantern_pp lambda 1     static `auto` tree, relaxed greedy walk (lambda)
+#   sjd_relaxed lambda 1    coupled 1-D Jacobi, relaxed greedy verdict (jacobi_step)
+#   sjd                     uncoupled 1-D Jacobi, exact greedy verdict
+# Dropped: eagle2 -> lantern delta 0 (same dynamic tree step; exact greedy walk: tests/core/test_speculative.py
+# test_greedy_speculation_equals_greedy_ar[eagle2-*]); static_tree -> lantern_pp lambda 1 (same static tree step;
+# exact: test_greedy_speculation_equals_greedy_ar[naive_extend_57-*]); sjd_coupled -> sjd_relaxed lambda 1 (same coupled
+# Jacobi step; exact: tests/core/test_jacobi.py test_greedy_jacobi_equals_greedy_ar, and
+# tests/core/test_batched_decoding.py test_greedy_exact_modes_equal_greedy_ar_for_every_image).
+LOSSLESS = [("lantern", {"delta": 0.0}), ("lantern_pp", {"lam": 1.0}),
+            ("sjd_relaxed", {"lam": 1.0, "jacobi_window": 8}), ("sjd", {"jacobi_window": 8})]
+_GREEDY_AR: dict = {}
+
+
+@pytest.mark.parametrize("mode,overrides", LOSSLESS)
 def test_lossless_settings_give_greedy_ar_images(pack, node, mode, overrides):
     model, drafter = load(pack, node)
-    ar = tokens(node, model, drafter, "ar", seed=3, temperature=0.0)
+    if "ar" not in _GREEDY_AR:  # the same embedded weights in every case: one greedy AR reference per session
+        _GREEDY_AR["ar"] = tokens(node, model, drafter, "ar", seed=3, temperature=0.0)
     out = tokens(node, model, drafter, mode, seed=3, temperature=0.0, **overrides)
-    assert torch.equal(out, ar), mode
+    assert torch.equal(out, _GREEDY_AR["ar"]), mode
 
 
 def test_batch_images_equal_single_runs_pixel_for_pixel(pack, node):

@@ -488,10 +488,46 @@ def test_every_input_of_every_lantern_node_has_cases(object_info, graphs):
     assert not missing, f"inputs with a limit or option that no at-limit run covers: {missing}"
 
 
-def test_beyond_limits_are_validation_errors_or_pack_errors(server, object_info, graphs):
+# Chunks of each case list (cases[i::k]): independent tests, so that pytest-xdist's workers share them (each
+# worker has its own server); every chunk ends by checking that its server survived and runs a normal prompt.
+BEYOND_CHUNKS = 2
+LIMIT_CHUNKS = 4
+
+
+def chunk_of(items: list, chunk: int, chunks: int) -> list:
+    return items[chunk::chunks]
+
+
+def check_server_survives(server, graphs, seed: int) -> None:
+    """The server process and its prompt worker are alive and a normal run (a seed of its own: never served
+    from ComfyUI's cache) succeeds."""
+    assert server.process.poll() is None, server.log_tail()
+    log = server.log_path.read_text(errors="replace")
+    assert "Exception in thread" not in log, "a server thread died (the prompt worker?):\n" + server.log_tail(80)
+    assert server.get("/system_stats")["system"]
+    result = run_prompt(server.url, make_prompt(graphs, "base", {"LanternSampler": {"seed": seed}}))
+    assert result.status == "success", result.messages[-3:]
+
+
+def add_seconds(group: str, seconds: float) -> None:
+    FIGURES["seconds"][group] = round(FIGURES["seconds"].get(group, 0.0) + seconds, 1)
+
+
+def test_every_case_is_in_exactly_one_chunk(object_info, graphs):
+    cases = all_cases(object_info, graphs)
+    chunked = [c for i in range(BEYOND_CHUNKS) for c in chunk_of(cases, i, BEYOND_CHUNKS)]
+    assert len(chunked) == len(cases) and all(any(c is d for d in chunked) for c in cases)
+    runs = limit_runs(object_info)
+    chunked = [r for i in range(LIMIT_CHUNKS) for r in chunk_of(runs, i, LIMIT_CHUNKS)]
+    assert sorted(map(repr, chunked)) == sorted(map(repr, runs)) and all(
+        chunk_of(runs, i, LIMIT_CHUNKS) for i in range(LIMIT_CHUNKS))
+
+
+@pytest.mark.parametrize("chunk", range(BEYOND_CHUNKS))
+def test_beyond_limits_are_validation_errors_or_pack_errors(server, object_info, graphs, chunk):
     start = time.perf_counter()
     problems = []
-    for graph, extra, case in all_cases(object_info, graphs):
+    for graph, extra, case in chunk_of(all_cases(object_info, graphs), chunk, BEYOND_CHUNKS):
         prompt = make_prompt(graphs, graph, {case.node: {**extra, case.input: case.value}})
         outcome = submit(server, prompt)
         kind, problem = judge(outcome, prompt, case.node, names_of(object_info, case.node, case.input),
@@ -500,14 +536,16 @@ def test_beyond_limits_are_validation_errors_or_pack_errors(server, object_info,
         record("beyond limits", label, outcome, kind)
         if problem:
             problems.append(f"{label}: {problem}")
-    FIGURES["seconds"]["beyond limits"] = round(time.perf_counter() - start, 1)
+    add_seconds("beyond limits", time.perf_counter() - start)
     assert not problems, f"{len(problems)} hostile values were not refused cleanly:\n" + "\n".join(problems)
+    check_server_survives(server, graphs, seed=424200 + chunk)
 
 
-def test_at_the_limits_runs_succeed_or_give_pack_errors(server, object_info, graphs):
+@pytest.mark.parametrize("chunk", range(LIMIT_CHUNKS))
+def test_at_the_limits_runs_succeed_or_give_pack_errors(server, object_info, graphs, chunk):
     start = time.perf_counter()
     problems = []
-    for graph, settings in limit_runs(object_info):
+    for graph, settings in chunk_of(limit_runs(object_info), chunk, LIMIT_CHUNKS):
         prompt = make_prompt(graphs, graph, settings)
         outcome = submit(server, prompt)
         label = f"{graph}: " + "; ".join(f"{c} {s}" for c, s in settings.items())
@@ -515,17 +553,16 @@ def test_at_the_limits_runs_succeed_or_give_pack_errors(server, object_info, gra
         names = [n for c, inputs in settings.items() for name in inputs for n in names_of(object_info, c, name)]
         kind, problem = judge(outcome, prompt, class_type, names, may_succeed=True)
         record("at limits", label, outcome, kind)
+        print(f"  {outcome.seconds:6.2f} s  {kind:40s} {label[:150]}")  # pytest -s: what each run costs
         if problem:
             problems.append(f"{label}: {problem}")
-    FIGURES["seconds"]["at limits"] = round(time.perf_counter() - start, 1)
+    add_seconds("at limits", time.perf_counter() - start)
     assert not problems, "\n".join(problems)
+    check_server_survives(server, graphs, seed=424300 + chunk)
 
 
 def test_the_server_survives_and_a_normal_run_succeeds(server, graphs):
-    assert server.process.poll() is None, server.log_tail()
-    log = server.log_path.read_text(errors="replace")
-    assert "Exception in thread" not in log, "a server thread died (the prompt worker?):\n" + server.log_tail(80)
-    assert server.get("/system_stats")["system"]
-    result = run_prompt(server.url, make_prompt(graphs, "base", {"LanternSampler": {"seed": 424242}}))
-    assert result.status == "success", result.messages[-3:]
+    """Also checked at the end of every chunk above (on the worker's own server); here once more after
+    whatever ran before on this server, with the session's figures printed (complete in one process)."""
+    check_server_survives(server, graphs, seed=424242)
     print_summary()

@@ -11,7 +11,7 @@ from pathlib import Path
 import frontends
 import pytest
 
-from test_ui import ARTIFACTS, editor
+from test_ui import browser, editor, screenshot  # noqa: F401 (browser: the shared fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,11 +27,11 @@ def entries(name: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("frontend", frontends.ALL)
-def test_missing_models_of_an_example_workflow_are_listed_by_the_host(frontend_server, frontend):
+def test_missing_models_of_an_example_workflow_are_listed_by_the_host(browser, frontend_server, frontend):
     server = frontend_server
     server.post("/api/settings/Comfy.VueNodes.Enabled", False)
     errors = []
-    with editor(server, errors) as (ctx, page):
+    with editor(browser, server, errors) as (ctx, page):
         if frontend == frontends.SHIPPED:
             listed = {}
             for name in ("lantern_anole_sjd", "lantern_llamagen_c2i"):
@@ -55,7 +55,5 @@ def test_missing_models_of_an_example_workflow_are_listed_by_the_host(frontend_s
             for entry in entries("lantern_llamagen_c2i"):
                 assert entry["name"] in text and entry["directory"] in text, (entry, text[-2000:])
             assert "Download" in text
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"ui_missing_models_{frontend}.png"))
-        ctx.close()
+        screenshot(page, f"ui_missing_models_{frontend}.png")
     assert not errors, errors

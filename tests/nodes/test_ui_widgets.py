@@ -9,7 +9,7 @@ from __future__ import annotations
 import frontends
 import pytest
 
-from test_ui import ARTIFACTS, editor
+from test_ui import browser, editor, screenshot  # noqa: F401 (browser: the shared fixture)
 
 ALWAYS = ["mode", "compile"]
 LABELS = {"lam": "lambda"}  # widgets shown under another name
@@ -85,11 +85,11 @@ RELOAD = """async ([mode, vue, rowCount]) => {
 
 @pytest.mark.parametrize("vue_nodes", [False, True], ids=["litegraph-nodes", "vue-nodes"])
 @pytest.mark.parametrize("frontend", frontends.ALL)
-def test_decoding_config_shows_only_the_widgets_its_mode_reads(frontend_server, frontend, vue_nodes):
+def test_decoding_config_shows_only_the_widgets_its_mode_reads(browser, frontend_server, frontend, vue_nodes):
     server = frontend_server
     server.post("/api/settings/Comfy.VueNodes.Enabled", vue_nodes)
     errors = []
-    with editor(server, errors) as (ctx, page):
+    with editor(browser, server, errors) as (ctx, page):
         assert page.evaluate("() => window.app.extensions.some(e => e.name === 'lantern.decoding_widgets')")
         page.evaluate("""() => {
             window.app.graph.clear();
@@ -110,9 +110,7 @@ def test_decoding_config_shows_only_the_widgets_its_mode_reads(frontend_server, 
         shown_after_reload = len(ALWAYS + EXPECTED["sjd_coupled", "auto", "lantern_pp"])  # 6: jacobi_proactive joined
         # a saved workflow opens with its mode's widgets, fitted
         reloaded = page.evaluate(RELOAD, ["sjd_coupled", vue_nodes, shown_after_reload])
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"ui_widgets_{frontend}_{'vue' if vue_nodes else 'litegraph'}.png"))
-        ctx.close()
+        screenshot(page, f"ui_widgets_{frontend}_{'vue' if vue_nodes else 'litegraph'}.png")
     assert sorted(reloaded["canvas"]) == sorted(ALWAYS + EXPECTED["sjd_coupled", "auto", "lantern_pp"]), reloaded
     if vue_nodes:
         assert reloaded["rows"] == shown_after_reload, reloaded
