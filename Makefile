@@ -61,7 +61,7 @@ cli-demo: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(HOST_STAMP) $(FRONTEND_STAMP) $(REGISTRY_STAMP) browser
 	mkdir -p .test-results
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --durations=30 \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist load -m "not alone" --durations=30 \
 	    --junitxml=.test-results/junit.xml tests
 	@if grep -rqsE --include='*.py' '^\s*(@pytest\.mark\.alone\(|pytestmark\b.*mark\.alone\()' tests; then \
 	  echo "tests marked alone (one process, nothing beside them):"; \
