@@ -1,8 +1,8 @@
 """lantern_core: a plain-PyTorch library for fast visual autoregressive image generation.
 
 LlamaGen-architecture GPTs and VQ tokenizers, strict checkpoint loading, AR generation with a
-static KV cache, speculative decoding with an EAGLE drafter (LANTERN / LANTERN++, `speculative`) and
-training-free speculative Jacobi decoding (SJD, coupled and relaxed, `jacobi`). It never imports ComfyUI, never picks
+static KV cache, speculative decoding with an EAGLE drafter (LANTERN / LANTERN++, `decoding/trees`) and
+training-free speculative Jacobi decoding (SJD, coupled and relaxed, `decoding/jacobi`). It never imports ComfyUI, never picks
 a device and never seeds global RNGs: callers pass devices, dtypes and `torch.Generator`s.
 """
 from .conditioning import Condition

@@ -21,8 +21,8 @@ import torch
 
 from .conditioning import Condition
 from .config import SamplingConfig
-from .decoding.drafting import DynamicShape
-from .decoding.jacobi import INITS
+from .decoding.trees.drafting import DynamicShape
+from .decoding.jacobi.config import INITS
 from .decoding.modes import MODES, SJD_RELAXATIONS, TREES, JacobiWidgets, ModeSettings, build_mode
 from .loading.embedded import EMBEDDED_DRAFTER, EMBEDDED_GPT, EMBEDDED_VQ, Pipeline
 from .errors import ConfigError, LanternError, check_choice
@@ -215,7 +215,7 @@ def load_cli_drafter(args: argparse.Namespace, target: CliModel, device: torch.d
 
 
 def neighbor_table(target: CliModel, k: int, device: torch.device) -> torch.Tensor | None:
-    from .decoding.neighbors import load_or_build_neighbors
+    from .decoding.acceptance.neighbors import load_or_build_neighbors
 
     if k == 0:
         return None
@@ -228,9 +228,9 @@ def neighbor_table(target: CliModel, k: int, device: torch.device) -> torch.Tens
 
 def run_generate(args: argparse.Namespace) -> dict:
     from .decoding import auto_store
-    from .decoding.jacobi import jacobi_generate
+    from .decoding.jacobi.driver import jacobi_generate
     from .decoding.report import stats_payload
-    from .decoding.speculative import speculative_generate
+    from .decoding.trees.driver import speculative_generate
     from .layout import image_codes
 
     auto_store.use_store(user_cache_dir() / "auto_choices.json")

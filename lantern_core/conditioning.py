@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import GPTConfig
 from .errors import ConfigError
 from .models.gpt import ImageTransformer
 
@@ -80,6 +81,42 @@ class Prefix:
     token_ids: torch.Tensor | None = None  # (rows, T) prompt token ids (prompted families), else None
 
 
+@dataclass(frozen=True)
+class PrefixShape:
+    rows: int  # [cond; uncond] rows when guided
+    length: int  # T: prefix positions per row
+    padded: bool  # whether any prefix key is masked
+    prompted: bool  # whether the prefix carries prompt token ids (prompted families)
+
+
+def prefix_shape(config: GPTConfig, condition: Condition, guided: bool) -> PrefixShape:
+    """Rows, length and padding of the prefix `build_prefix` makes for `condition` on a model of `config`, read
+    from the condition's shapes and masks alone (where the caller made them, usually the host): the one rule the
+    prefix builders and the memory planner's meta-device prefix share. Refuses a condition of the wrong kind for
+    the model, naming what the model needs."""
+    rows = condition.batch * (2 if guided else 1)
+    if config.model_type == "prompt":
+        if condition.prompt_ids is None:
+            raise ConfigError("condition", f"prompt token ids for a {config.family} model",
+                              "class labels" if condition.labels is not None else "caption features",
+                              "encode the prompt with lantern_core.prompts.PromptEncoder")
+        length = condition.prompt_ids.shape[1]
+        padded = not bool(condition.prompt_mask.all())
+        if guided:  # both halves are left-padded to the longer one
+            uncond = condition.uncond_ids.shape[1]
+            padded = padded or uncond != length or not bool(condition.uncond_mask.all())
+            length = max(length, uncond)
+        return PrefixShape(rows, length, padded, prompted=True)
+    if config.model_type == "c2i":
+        if condition.labels is None:
+            raise ConfigError("condition", "class labels for a class-conditional (c2i) model", "a caption")
+        return PrefixShape(rows, config.cls_token_num, padded=False, prompted=False)
+    if condition.caption is None:
+        raise ConfigError("condition", "caption features for a text-conditional (t2i) model", "class labels")
+    mask = condition.caption_mask  # the unconditional rows share it
+    return PrefixShape(rows, condition.caption.shape[1], mask is not None and not bool(mask.all()), prompted=False)
+
+
 def left_pad(ids: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (B, T) and mask (B, T) padded on the left to `length` (pad id 0, masked out)."""
     pad = length - ids.shape[1]
@@ -94,15 +131,11 @@ def build_prompt_prefix(model: ImageTransformer, condition: Condition, guided: b
     padding masked out of attention (RoPE is relative, so the offset padding adds changes nothing)."""
     config = model.config
     device = model.tok_embeddings.weight.device
-    if condition.prompt_ids is None:
-        raise ConfigError("condition", f"prompt token ids for a {config.family} model",
-                          "class labels" if condition.labels is not None else "caption features",
-                          "encode the prompt with lantern_core.prompts.PromptEncoder")
+    shape = prefix_shape(config, condition, guided)
     ids, mask = condition.prompt_ids.to(device), condition.prompt_mask.to(device).bool()
     if guided:
-        T = max(ids.shape[1], condition.uncond_ids.shape[1])
-        ids, mask = left_pad(ids, mask, T)
-        u_ids, u_mask = left_pad(condition.uncond_ids.to(device), condition.uncond_mask.to(device).bool(), T)
+        ids, mask = left_pad(ids, mask, shape.length)
+        u_ids, u_mask = left_pad(condition.uncond_ids.to(device), condition.uncond_mask.to(device).bool(), shape.length)
         ids, mask = torch.cat([ids, u_ids]), torch.cat([mask, u_mask])
     if ids.shape[1] > config.cls_token_num:
         raise ConfigError("prompt", f"at most {config.cls_token_num} tokens (the model's max_prompt_tokens)",
@@ -111,7 +144,7 @@ def build_prompt_prefix(model: ImageTransformer, condition: Condition, guided: b
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.text_vocab_size):
         raise ConfigError("prompt token ids", f"ids in 0..{config.text_vocab_size - 1}",
                           (int(ids.min()), int(ids.max())), "use the tokenizer shipped with the model")
-    return Prefix(model.embed_prompt(ids), mask, padded=not bool(mask.all()), token_ids=ids)
+    return Prefix(model.embed_prompt(ids), mask, padded=shape.padded, token_ids=ids)
 
 
 def build_prefix(model: ImageTransformer, condition: Condition, guided: bool) -> Prefix:
@@ -120,9 +153,8 @@ def build_prefix(model: ImageTransformer, condition: Condition, guided: bool) ->
     device = model.tok_embeddings.weight.device
     if config.model_type == "prompt":
         return build_prompt_prefix(model, condition, guided)
+    shape = prefix_shape(config, condition, guided)
     if config.model_type == "c2i":
-        if condition.labels is None:
-            raise ConfigError("condition", "class labels for a class-conditional (c2i) model", "a caption")
         labels = condition.labels  # checked where it was made (the host): no device sync before capture
         if labels.numel() and (labels.min() < 0 or labels.max() >= config.num_classes):
             raise ConfigError("class label", f"an integer in 0..{config.num_classes - 1}", labels.tolist())
@@ -130,9 +162,7 @@ def build_prefix(model: ImageTransformer, condition: Condition, guided: bool) ->
         if guided:
             labels = torch.cat([labels, torch.full_like(labels, config.num_classes)])
         emb = model.embed_condition(labels)
-        return Prefix(emb, torch.ones(emb.shape[:2], dtype=torch.bool, device=device), padded=False)
-    if condition.caption is None:
-        raise ConfigError("condition", "caption features for a text-conditional (t2i) model", "class labels")
+        return Prefix(emb, torch.ones(emb.shape[:2], dtype=torch.bool, device=device), padded=shape.padded)
     caption = condition.caption.to(device=device, dtype=model.tok_embeddings.weight.dtype)
     if caption.shape[1:] != (config.cls_token_num, config.caption_dim):
         raise ConfigError("caption features", f"shape (B, {config.cls_token_num}, {config.caption_dim})",
@@ -143,4 +173,4 @@ def build_prefix(model: ImageTransformer, condition: Condition, guided: bool) ->
         uncond = model.cls_embedding.uncond_embedding.to(caption.dtype)
         caption = torch.cat([caption, uncond[None].expand_as(caption)])
         mask = torch.cat([mask, mask])
-    return Prefix(model.embed_condition(caption), mask, padded=not bool(mask.all()))
+    return Prefix(model.embed_condition(caption), mask, padded=shape.padded)

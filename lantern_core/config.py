@@ -288,7 +288,7 @@ class DrafterConfig:
     (`input_norm`, Chameleon's `qk_norm`, 1-D RoPE: `rope_dims`).
 
     `prefix_states` is the prefix convention the drafter was trained with (see
-    `decoding/prefix_states.py`): "native" (LlamaGen's semantics: a left-padded caption row attends only
+    `decoding/trees/prefix_states.py`): "native" (LlamaGen's semantics: a left-padded caption row attends only
     to itself, and the drafter masks padded keys; our trained drafters, LANTERN's Anole drafter) or
     "hf_port" (LANTERN's HF port of LlamaGen-T2I, which its released t2i drafters were trained on: a
     padded row attends uniformly over the whole prefill, and the drafter masks no prefix key).

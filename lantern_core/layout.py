@@ -6,7 +6,8 @@ Chameleon head keeps that vocabulary row too). `constrain` applies Lumina's rule
 as its reference generator does before top-k: at end-of-row positions every other token is impossible
 (the forced token has probability 1, so every decoder accepts it), elsewhere the end-of-row token is.
 Every decoder calls it through `ImageTransformer.constrain_logits`, so AR, trees and Jacobi windows keep
-the layout without knowing about it. `image_codes` drops the end-of-row cells for the VQ decoder.
+the layout without knowing about it. `image_codes` drops the end-of-row cells for the VQ decoder; `draftable_codes` counts the codes a draft can
+choose between.
 Models without forced tokens pass through untouched. This module does not sample or decode.
 """
 from __future__ import annotations
@@ -53,3 +54,10 @@ def extend_neighbors(config: GPTConfig, neighbors: torch.Tensor | None) -> torch
     code = config.vocab_size - 1
     own = torch.full((1, neighbors.shape[1]), code, dtype=neighbors.dtype, device=neighbors.device)
     return torch.cat([neighbors, own])
+
+
+def draftable_codes(config) -> int:
+    """The image codes a draft can choose between at one position: the vocabulary, less Lumina-mGPT's
+    end-of-row code (`config.row_end`, the last code), which is forced at the end of every row and refused
+    everywhere else (`layout.constrain`), so no node has more than vocab_size - 1 children worth drafting."""
+    return config.vocab_size - int(config.row_end)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from comfy_api.latest import io
 
-from ..lantern_core.decoding.drafting import DynamicShape
+from ..lantern_core.decoding.trees.drafting import DynamicShape
 from ..lantern_core.decoding.jacobi import INITS
 from ..lantern_core.decoding.modes import MODES, SJD_RELAXATIONS, TREES, JacobiWidgets, ModeSettings, build_mode
 from ..lantern_core.decoding.step_graphs import COMPILE_CHOICES

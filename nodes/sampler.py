@@ -18,9 +18,9 @@ from ..lantern_core.layout import image_codes
 from ..lantern_core.models.vq import decode_images
 from ..lantern_core.errors import ConfigError, LanternError
 from ..lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
-from ..lantern_core.decoding.neighbors import load_or_build_neighbors
+from ..lantern_core.decoding.acceptance.neighbors import load_or_build_neighbors
 from ..lantern_core.decoding.sampling import make_generators
-from ..lantern_core.decoding.speculative import speculative_generate
+from ..lantern_core.decoding import speculative_generate
 from ..lantern_core.decoding import step_graphs
 
 from . import paths, runtime

@@ -1,12 +1,12 @@
-"""The per-sibling acceptance rule as it was before the walk was fused (issue 27), kept as a test oracle: one
+"""The per-sibling acceptance rule as it was before the tree walk was fused into one pass, kept as a test oracle: one
 sibling at a time, the drafter's conditional renormalised in the log domain for each, the residual updated
 after each rejection. `lantern_core.decoding.acceptance.accept_siblings` must decide the same."""
 from __future__ import annotations
 
 import torch
 
-from lantern_core.decoding.acceptance import SiblingVerdict, absorbed_set, conditional_draft, normalise
-from lantern_core.decoding.relaxation import Relaxation, relax
+from lantern_core.decoding.acceptance.siblings import SiblingVerdict, absorbed_set, conditional_draft, normalise
+from lantern_core.decoding.acceptance.relaxation import Relaxation, relax
 
 
 def accept_siblings(p: torch.Tensor, log_q: torch.Tensor | None, children: torch.Tensor, uniforms: torch.Tensor,

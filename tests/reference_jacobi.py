@@ -9,10 +9,10 @@ import torch
 
 from lantern_core.conditioning import build_prefix
 from lantern_core.decoding.generate import prefill
-from lantern_core.decoding.jacobi import judge_window
-from lantern_core.decoding.jacobi_step import forward_window
+from lantern_core.decoding.jacobi.judge import judge_window
+from lantern_core.decoding.jacobi.iteration import forward_window
 from lantern_core.decoding.sampling import sample_from_probs
-from lantern_core.decoding.speculative import NodeDistributions
+from lantern_core.decoding.sampling import NodeDistributions
 from lantern_core.layout import extend_neighbors
 
 

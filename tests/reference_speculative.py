@@ -7,12 +7,12 @@ from __future__ import annotations
 import torch
 
 from lantern_core.conditioning import build_prefix
-from lantern_core.decoding.drafting import DrafterSession, draft_dynamic, draft_static, plan_static_tree, prefix_inputs
 from lantern_core.decoding.generate import prefill
-from lantern_core.decoding.sampling import pick_tokens
-from lantern_core.decoding.speculative import NodeDistributions
-from lantern_core.decoding.tree_attention import commit_path
-from lantern_core.decoding.tree_step import verify_tree
+from lantern_core.decoding.sampling import NodeDistributions, pick_tokens
+from lantern_core.decoding.trees.attention import commit_path
+from lantern_core.decoding.trees.drafting import (DrafterSession, draft_dynamic, draft_static, plan_static_tree,
+                                                  prefix_inputs)
+from lantern_core.decoding.trees.iteration import verify_tree
 from lantern_core.layout import extend_neighbors
 
 

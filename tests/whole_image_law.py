@@ -15,7 +15,7 @@ from scipy.stats import chi2
 
 from lantern_core.config import SamplingConfig
 from lantern_core.models.gpt import LlamaGenGPT
-from lantern_core.decoding.speculative import NodeDistributions
+from lantern_core.decoding.sampling import NodeDistributions
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from lantern_core.decoding import acceptance
+from lantern_core.decoding.acceptance import siblings as acceptance
 
 
 def residual_forgotten(p, log_q, children, uniforms, valid=None, rule=None, neighbors=None):
@@ -13,7 +13,7 @@ def residual_forgotten(p, log_q, children, uniforms, valid=None, rule=None, neig
 
 
 def conditional_draft_floored(log_q_left: torch.Tensor) -> torch.Tensor:
-    """Issue 14's bug: the drafter mass left after rejected siblings renormalised in probability space,
-    its total floored at float32's smallest normal number (patch over acceptance.conditional_draft)."""
+    """A renormalisation bug once shipped: the drafter mass left after rejected siblings renormalised in probability
+    space, its total floored at float32's smallest normal number (patch over acceptance.conditional_draft)."""
     q = log_q_left.exp()
     return q / q.sum(-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)

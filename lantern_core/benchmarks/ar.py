@@ -28,8 +28,8 @@ from ..decoding.step_graphs import layout_for, uses_graphs, uses_inductor
 from ..models.gpt import ForwardStep, LlamaGenGPT
 from ..models.kv_cache import attention_mask
 from ..decoding.sampling import make_generators
-from ..decoding.tree_select import verify_times
-from .report_writer import Report, write_report  # noqa: F401 (write_report: quantization and run_memory import it)
+from ..decoding.cost_curve import verify_times
+from .report_writer import Report, write_report
 
 log = logging.getLogger("lantern_core.benchmarks.ar")
 VERIFY_SIZES = (1, 4, 8, 16, 32, 64)
@@ -129,7 +129,7 @@ def bench_ar(model: LlamaGenGPT, name: str, batch: int, cfg_scale: float, repeat
 
 
 def bench_verify(model: LlamaGenGPT, name: str, rows: int, repeats: int) -> list[VerifyRow]:
-    """The verify cost curve (`tree_select.verify_times`) for windows that fit in the image."""
+    """The verify cost curve (`cost_curve.verify_times`) for windows that fit in the image."""
     c = model.config
     context = c.cls_token_num + c.num_image_tokens // 2
     sizes = tuple(n for n in VERIFY_SIZES if context + n <= c.max_seq_len)

@@ -25,12 +25,12 @@ import torch
 from ..conditioning import Condition
 from ..config import SamplingConfig
 from ..decoding.generate import synchronize
-from ..decoding.jacobi import JacobiConfig
-from ..decoding.neighbors import build_neighbors
-from ..decoding.relaxation import Relaxation
+from ..decoding.jacobi.config import JacobiConfig
+from ..decoding.acceptance.neighbors import build_neighbors
+from ..decoding.acceptance.relaxation import Relaxation
 from ..decoding.sampling import make_generators
-from ..decoding.speculative import SpeculativeConfig
-from ..decoding.tree import NAIVE_EXTEND_57
+from ..decoding.trees.config import SpeculativeConfig
+from ..decoding.trees.specs import NAIVE_EXTEND_57
 from ..loading.embedded import EMBEDDED_NAME, load_embedded
 from .ar import machine_info
 from .report_writer import Report
@@ -115,7 +115,7 @@ def run(images: int, sampling: SamplingConfig, device: torch.device, dtype: torc
 
 
 def goals(rows: list[dict], device: torch.device) -> list[dict]:
-    """The issue's goals at batch 4, each with the measured ratio to AR at batch 4 and whether it is met."""
+    """The batched goals at batch 4, each with the measured ratio to AR at batch 4 and whether it is met."""
     at4 = {r["method"]: r["speedup_vs_ar"] for r in rows if r["batch"] == 4}
     if not at4:
         return []

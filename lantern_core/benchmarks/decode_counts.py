@@ -30,17 +30,22 @@ from ..conditioning import Condition
 from ..config import GPTConfig, SamplingConfig, gpt_preset
 from ..decoding import ar_step as ar_step_module
 from ..decoding import generate as generate_module
-from ..decoding import jacobi as jacobi_module
-from ..decoding import jacobi_step, speculative as speculative_module, step_graphs, tree_step
-from ..decoding.drafting import DrafterSession, DynamicShape
+from ..decoding import step_graphs
+from ..decoding.acceptance.neighbors import build_neighbors
+from ..decoding.acceptance.relaxation import Grouping, Relaxation
 from ..decoding.generate import generate
-from ..decoding.jacobi import JacobiConfig, jacobi_generate
-from ..decoding.neighbors import build_neighbors
-from ..decoding.relaxation import Grouping, Relaxation
-from ..decoding.sampling import make_generators
-from ..decoding.speculative import NodeDistributions, SpeculativeConfig, speculative_generate
+from ..decoding.jacobi import batch as jacobi_batch
+from ..decoding.jacobi import iteration as jacobi_step
+from ..decoding.jacobi.config import JacobiConfig
+from ..decoding.jacobi.driver import jacobi_generate
+from ..decoding.sampling import NodeDistributions, make_generators
 from ..decoding.step_graphs import gpu_path
-from ..decoding.tree import NAIVE_EXTEND_57
+from ..decoding.trees import batch as tree_batch
+from ..decoding.trees import iteration as tree_step
+from ..decoding.trees.config import SpeculativeConfig
+from ..decoding.trees.drafting import DrafterSession, DynamicShape
+from ..decoding.trees.driver import speculative_generate
+from ..decoding.trees.specs import NAIVE_EXTEND_57
 from .ar import SEVEN_B, machine_info, random_model
 from .kernel_count import OpCount, StepCounter, difference, module_part, replaced, tagged
 from .report_writer import Report
@@ -189,7 +194,7 @@ def count_tree(model, drafter, spec: SpeculativeConfig, sampling: SamplingConfig
                              compile="off")
 
     with module_part(counter, [model.output], "verification forward"), tagged(counter, parts):
-        calls = record_decode(run, speculative_module, "tree_iteration", counter)
+        calls = record_decode(run, tree_batch, "tree_iteration", counter)
     return summarise(what, "captured path", calls)
 
 
@@ -208,7 +213,7 @@ def count_jacobi(model, config: JacobiConfig, sampling: SamplingConfig, neighbor
         jacobi_generate(model, cond, sampling, config, make_generators(0, 1, device), neighbors, on_step, compile="off")
 
     with tagged(counter, parts):
-        calls = record_decode(run, jacobi_module, "jacobi_iteration", counter)
+        calls = record_decode(run, jacobi_batch, "jacobi_iteration", counter)
     return summarise(what, "captured path", calls)
 
 
@@ -415,7 +420,7 @@ def markdown(report: dict) -> str:
               "be 0. 'Generator calls / iteration' counts the random-number kernels the loop launches per iteration "
               "outside the step: every mode draws its noise once per image up front except sampled static trees, "
               "whose drafter draws depth x siblings x vocabulary Exp(1) values per iteration (one call per drafted "
-              "level and image: too many values to hold for a whole image). Goals (issue 27): an AR step <= 24 "
+              "level and image: too many values to hold for a whole image). Goals: an AR step <= 24 "
               "kernels per layer eager and <= 12 compiled; a sampled 57-node "
               "static-tree iteration <= 250 kernels beyond its verification forward, a greedy one <= 120; at most one "
               "host read per iteration."]

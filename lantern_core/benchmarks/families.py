@@ -32,16 +32,18 @@ from .report_writer import Report
 from ..conditioning import Condition
 from ..config import DrafterConfig, GPTConfig, SamplingConfig
 from ..decoding.generate import generate, synchronize
-from ..decoding.jacobi import JacobiConfig, jacobi_generate
-from ..decoding.jacobi_window import curve_sizes
+from ..decoding.jacobi.config import JacobiConfig
+from ..decoding.jacobi.driver import jacobi_generate
+from ..decoding.jacobi.auto import curve_sizes
 from ..models.drafter import EagleDrafter
 from ..models.prompted import PromptedImageLM
-from ..decoding.neighbors import build_neighbors
-from ..decoding.relaxation import Relaxation
-from ..decoding.speculative import SpeculativeConfig, speculative_generate
+from ..decoding.acceptance.neighbors import build_neighbors
+from ..decoding.acceptance.relaxation import Relaxation
+from ..decoding.trees.config import SpeculativeConfig
+from ..decoding.trees.driver import speculative_generate
 from .speculative import BENCH_COMPILE
-from ..decoding.tree import NAIVE_EXTEND_57
-from ..decoding.tree_select import verify_times
+from ..decoding.trees.specs import NAIVE_EXTEND_57
+from ..decoding.cost_curve import verify_times
 
 INIT_STD = 0.25  # peaked random next-token distributions (uniform ones would accept nothing)
 PROMPTS = 8  # the prompt pool: drafters are distilled on these prompts and images are timed on them

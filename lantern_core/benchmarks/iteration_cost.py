@@ -2,7 +2,7 @@
 `make bench-cuda`): random target and drafter weights of the given size, a fixed number of iterations
 per mode after as many warm-up ones, ms per iteration (verification forward + drafter levels + tree walk, or one Jacobi window)
 and its ratio to the same run's AR ms/step. A mode's end-to-end speed-up is its mean accepted length
-divided by that ratio; accepted lengths come from the trained embedded model (`speculative.py`), since
+divided by that ratio; accepted lengths come from the trained embedded model (`trees/driver.py`), since
 random weights accept at random. Timings are never asserted.
 
     python -m lantern_core.benchmarks.iteration_cost --device cuda --dtype bfloat16 --model GPT-XL
@@ -19,15 +19,17 @@ import torch
 
 from ..conditioning import Condition
 from ..config import DrafterConfig, GPTConfig, SamplingConfig, gpt_preset
-from ..decoding.drafting import DynamicShape
+from ..decoding.trees.drafting import DynamicShape
 from ..decoding.generate import generate, synchronize
-from ..decoding.jacobi import JacobiConfig, jacobi_generate
-from ..decoding.neighbors import build_neighbors
-from ..decoding.relaxation import Relaxation
+from ..decoding.jacobi.config import JacobiConfig
+from ..decoding.jacobi.driver import jacobi_generate
+from ..decoding.acceptance.neighbors import build_neighbors
+from ..decoding.acceptance.relaxation import Relaxation
 from ..decoding.sampling import make_generators
-from ..decoding.speculative import SpeculativeConfig, speculative_generate
+from ..decoding.trees.config import SpeculativeConfig
+from ..decoding.trees.driver import speculative_generate
 from ..decoding.step_graphs import uses_graphs
-from ..decoding.tree import NAIVE_EXTEND_57
+from ..decoding.trees.specs import NAIVE_EXTEND_57
 from ..models.drafter import EagleDrafter
 from .ar import TINY_SHAPE, machine_info, random_model
 from .report_writer import Report

@@ -1,6 +1,6 @@
 """What feeding a drafter LANTERN's HF-port caption states costs (`make bench`, `make bench-cuda`): a random
 LlamaGen-T2I-shaped target of the given size with left-padded 120-token captions, the same random drafter
-run as "native" and as "hf_port" (`decoding/prefix_states.py`), interleaved, median wall time and prefill
+run as "native" and as "hf_port" (`decoding/trees/prefix_states.py`), interleaved, median wall time and prefill
 time of whole speculative runs (on 2 CPU cores `make bench` uses an 8 x 8 grid to stay short). The hf_port run adds one cache-free forward over the caption at the
 prefill; everything after it is the same work. Random weights accept at random, so only the time is
 compared here (acceptance: tests/core/test_prefix_states.py). Timings are never asserted.
@@ -23,9 +23,10 @@ from ..conditioning import Condition
 from ..config import DrafterConfig, GPTConfig, SamplingConfig, gpt_preset
 from ..decoding.generate import synchronize
 from ..decoding.sampling import make_generators
-from ..decoding.speculative import SpeculativeConfig, speculative_generate
+from ..decoding.trees.config import SpeculativeConfig
+from ..decoding.trees.driver import speculative_generate
 from .speculative import BENCH_COMPILE
-from ..decoding.tree import chain_tree
+from ..decoding.trees.specs import chain_tree
 from ..models.drafter import EagleDrafter
 from .ar import machine_info, random_model
 from .report_writer import Report

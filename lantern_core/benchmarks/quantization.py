@@ -32,7 +32,7 @@ from ..conditioning import Condition
 from ..config import SamplingConfig, gpt_preset
 from ..decoding.generate import generate
 from ..decoding.sampling import make_generators
-from ..decoding.speculative import NodeDistributions
+from ..decoding.sampling import NodeDistributions
 from ..loading.embedded import EMBEDDED_GPT, EMBEDDED_NAME, EMBEDDED_VQ, load_classifier, load_gpt, load_vq
 from ..models.gpt import LlamaGenGPT
 from ..models.quantized import SCHEMES, quantize_blocks, resident_bytes

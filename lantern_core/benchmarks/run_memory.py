@@ -25,11 +25,12 @@ import torch
 from ..conditioning import Condition
 from ..config import SamplingConfig
 from ..decoding.generate import generate
-from ..decoding.jacobi import JacobiConfig, jacobi_generate
-from ..decoding.neighbors import build_neighbors
+from ..decoding.jacobi.config import JacobiConfig
+from ..decoding.jacobi.driver import jacobi_generate
+from ..decoding.acceptance.neighbors import build_neighbors
 from ..decoding.sampling import make_generators
 from ..decoding.reservation import PlannedRun, mib, plan_run_memory
-from ..decoding.speculative import speculative_generate
+from ..decoding.trees.driver import speculative_generate
 from ..loading.embedded import EMBEDDED_NAME, load_embedded
 from ..config import DrafterConfig, GPTConfig
 from ..models.drafter import EagleDrafter

@@ -26,17 +26,19 @@ import torch
 
 from ..conditioning import Condition
 from ..config import SamplingConfig
-from ..decoding.drafting import DynamicShape
+from ..decoding.trees.drafting import DynamicShape
 from ..loading.embedded import EMBEDDED_NAME, load_classifier, load_embedded
 from ..decoding.generate import GenerationResult, generate, synchronize
-from ..decoding.jacobi import JacobiConfig, jacobi_generate
-from ..decoding.neighbors import build_neighbors
-from ..decoding.relaxation import Grouping, Relaxation
+from ..decoding.jacobi.config import JacobiConfig
+from ..decoding.jacobi.driver import jacobi_generate
+from ..decoding.acceptance.neighbors import build_neighbors
+from ..decoding.acceptance.relaxation import Grouping, Relaxation
 from .ar import machine_info
 from ..decoding.sampling import make_generators
-from ..decoding.speculative import SpeculativeConfig, speculative_generate
-from ..decoding.tree import NAIVE_EXTEND_57
-from ..decoding.tree_select import measure_costs
+from ..decoding.trees.config import SpeculativeConfig
+from ..decoding.trees.driver import speculative_generate
+from ..decoding.trees.specs import NAIVE_EXTEND_57
+from ..decoding.trees.auto import measure_costs
 from .report_writer import Report
 
 log = logging.getLogger("lantern_core.benchmarks.speculative")

@@ -1,5 +1,29 @@
-"""Every decoder in one place: plain AR (`generate`, over the static-shape steps of `ar_step`), EAGLE drafter
-trees (`speculative`, `drafting`, `tree*`), Jacobi windows (`jacobi`, `jacobi_window`), and what they share:
-sampling, acceptance rules, LANTERN relaxation and the latent-neighbour tables. Loading, training and
-benchmarks live in sibling packages; models (attention, KV cache) in `models/`.
+"""Every decoder of image tokens, in rooms (docs/layout.md draws the map):
+
+* here, the shared ground every decoder stands on: plain AR (`generate`, and `ar_step`, its static-shape
+  step), `sampling` (filters, CFG and the target's law at each drafted position), `batching` (what a batch
+  loop keeps on the host: requests, progress, counters and stats, the one read of tokens done per
+  iteration), `step_graphs` (CUDA-graph capture and compiled steps), `cost_curve` (measured forward costs
+  the `auto` choices read) and `auto_store` (`auto` choices kept across restarts);
+* `acceptance/`: how a draft is judged: exact rejection sampling among siblings, LANTERN's relaxation and
+  GSD's grouping, the latent-neighbour tables they read;
+* `trees/`: the drafter-tree decoders (EAGLE-2 dynamic trees, static trees, LANTERN, LANTERN++);
+* `jacobi/`: the training-free Jacobi decoders (SJD, coupled, continuation, proactive, 2-D, relaxed);
+* over all of them: `modes` (the settings the node and the command line share), `report` (the stats they
+  show) and `reservation` (what a run will allocate: a dry run on the meta device).
+
+Imports go one way: shared ground, then `acceptance/`, then the two families, which never import each
+other, then the modules over all of them (`tests/core/test_import_layers.py`). `speculative` and `tree`
+are the tree decoders' names at their older import paths.
+
+The speculative entry points are re-exported here; plain AR's `generate` stays in its module
+(`lantern_core.decoding.generate.generate`, also `lantern_core.generate`), so that the name
+`lantern_core.decoding.generate` keeps meaning the module.
 """
+from ..config import SamplingConfig
+from .generate import GenerationResult
+from .jacobi import JacobiConfig, jacobi_generate
+from .trees import SpeculativeConfig, TreeSpec, speculative_generate
+
+__all__ = ["GenerationResult", "JacobiConfig", "SamplingConfig", "SpeculativeConfig", "TreeSpec", "jacobi_generate",
+           "speculative_generate"]

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import weakref
 from pathlib import Path
 
 import torch
@@ -92,3 +93,25 @@ def forget_all() -> None:
             path.unlink()
         except OSError as exc:
             log.warning("could not remove %s (%s)", path, exc)
+
+
+_DIGESTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def weights_digest(module: torch.nn.Module) -> tuple:
+    """Identity of a module's weights that survives unloading and reloading the same file: its class,
+    config, and a hash of every parameter's shape, dtype and first and last 1,024 values (cheap on a 7B;
+    computed once per module object)."""
+    if module not in _DIGESTS:
+        _DIGESTS[module] = _digest(module)
+    return _DIGESTS[module]
+
+
+def _digest(module: torch.nn.Module) -> tuple:
+    digest = hashlib.sha256()
+    for name, p in module.named_parameters():
+        flat = p.detach().reshape(-1)
+        sample = torch.cat([flat[:1024], flat[-1024:]]).float().cpu()
+        digest.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
+        digest.update(sample.numpy().tobytes())
+    return type(module).__name__, getattr(module, "config", None), digest.hexdigest()

@@ -9,11 +9,11 @@ import json
 from dataclasses import dataclass
 
 from ..errors import ConfigError, LanternError, check_choice
-from .drafting import DynamicShape
-from .jacobi import INITS, JacobiConfig
-from .relaxation import Grouping, Relaxation
-from .speculative import SpeculativeConfig
-from .tree import STATIC_TREES, TreeSpec, chain_tree
+from .acceptance.relaxation import Grouping, Relaxation
+from .jacobi.config import INITS, JacobiConfig
+from .trees.config import SpeculativeConfig
+from .trees.drafting import DynamicShape
+from .trees.specs import STATIC_TREES, TreeSpec, chain_tree
 
 MODES = {
     "ar": "plain autoregressive decoding, one forward pass per token (the reference)",

@@ -3,8 +3,8 @@ command line prints with --json, built from a `GenerationResult` in one place so
 not decode or time anything."""
 from __future__ import annotations
 
+from .batching import SpeculativeStats
 from .generate import GenerationResult
-from .speculative import SpeculativeStats
 
 
 def stats_payload(result: GenerationResult, mode: str, tree_label: str, drafter: str, conditions: list[str]) -> dict:

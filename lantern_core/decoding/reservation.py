@@ -29,25 +29,29 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..conditioning import Condition, Prefix
+from ..conditioning import Condition, Prefix, prefix_shape
 from ..config import SamplingConfig
 from ..errors import LanternError
 from ..layout import extend_neighbors
 from ..memory_track import track_allocations
 from ..models.gpt import ImageTransformer
 from ..models.quantized import weights_scheme
-from .ar_step import ARBuffers, ARShape, ar_step, draw_uniforms_upfront, exact_window, sample_step_tokens, slots_for, window_for
-from .drafting import plan_static_tree, prefix_inputs
+from .acceptance.neighbors import check_neighbors
+from .ar_step import (ARBuffers, ARShape, ar_step, draw_uniforms_upfront, exact_window, sample_step_tokens, slots_for,
+                      window_for)
+from .batching import BatchSink, RunTally
 from .generate import prefill
-from .jacobi import JacobiConfig, draw_position_noise
-from .jacobi_step import JacobiContext, JacobiShape, JacobiState, jacobi_iteration, jacobi_window
-from .jacobi_window import LOSSLESS_GEOMETRIES, ROW_GEOMETRIES
-from .prefix_states import hf_port_states
-from .sampling import fill_per_image, pick_tokens
-from .speculative import (BatchSink, NodeDistributions, RunTally, SpeculativeConfig, check_neighbors,
-                          check_tree_fits)
+from .jacobi.batch import draw_position_noise
+from .jacobi.config import JacobiConfig, candidate_geometries
+from .jacobi.iteration import jacobi_iteration
+from .jacobi.shape import JacobiShape, jacobi_window
+from .jacobi.state import JacobiContext, JacobiState
+from .sampling import NodeDistributions, fill_per_image, pick_tokens
 from .step_graphs import RunLayout, layout_for
-from .tree_step import TreeContext, TreeShape, TreeState, draw_iteration_noise, tree_iteration, tree_windows
+from .trees.config import SpeculativeConfig, check_tree_fits
+from .trees.drafting import plan_static_tree, prefix_inputs
+from .trees.iteration import TreeContext, TreeShape, TreeState, draw_iteration_noise, tree_iteration, tree_windows
+from .trees.prefix_states import drafter_features
 
 META = torch.device("meta")
 
@@ -89,23 +93,11 @@ def meta_twin(*modules: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
 def meta_prefix(model: ImageTransformer, condition: Condition, guided: bool) -> Prefix:
     """The shapes `conditioning.build_prefix` gives `condition` on `model`, as meta tensors (its range checks
     read values; the run makes them)."""
-    config = model.config
-    B = condition.batch
-    rows = B * (2 if guided else 1)
-    dtype = model.tok_embeddings.weight.dtype
-    token_ids, padded = None, False
-    if condition.prompt_ids is not None:
-        T = max(condition.prompt_ids.shape[1], condition.uncond_ids.shape[1]) if guided else condition.prompt_ids.shape[1]
-        token_ids = torch.zeros(rows, T, dtype=torch.long, device=META)
-        padded = not bool(condition.prompt_mask.all()) or (guided and (
-            condition.uncond_ids.shape[1] != condition.prompt_ids.shape[1] or not bool(condition.uncond_mask.all())))
-    elif condition.caption is not None:
-        T = condition.caption.shape[1]
-        padded = condition.caption_mask is not None and not bool(condition.caption_mask.all())
-    else:
-        T = config.cls_token_num
-    return Prefix(torch.empty(rows, T, config.dim, dtype=dtype, device=META),
-                  torch.ones(rows, T, dtype=torch.bool, device=META), padded, token_ids)
+    shape = prefix_shape(model.config, condition, guided)
+    rows, T = shape.rows, shape.length
+    token_ids = torch.zeros(rows, T, dtype=torch.long, device=META) if shape.prompted else None
+    return Prefix(torch.empty(rows, T, model.config.dim, dtype=model.tok_embeddings.weight.dtype, device=META),
+                  torch.ones(rows, T, dtype=torch.bool, device=META), shape.padded, token_ids)
 
 
 @dataclass(frozen=True)
@@ -181,7 +173,7 @@ def _dry_run(run: PlannedRun) -> RunMemory:
     if spec is None:
         dry, mode = lambda: _dry_ar(target, prefix, condition.batch, sampling, layout), "plain AR"
     elif isinstance(spec, JacobiConfig):
-        configs = _jacobi_candidates(spec, model.config.row_stride)
+        configs = candidate_geometries(spec, model.config.row_stride)
         dry = lambda: max((_dry_jacobi(target, prefix, c, sampling, table, layout) for c in configs),  # noqa: E731
                           key=lambda measured: measured[1])
         mode = spec.describe()
@@ -283,7 +275,7 @@ def _dry_ar(model: ImageTransformer, make_prefix, batch: int, sampling: Sampling
 
 def _dry_tree(model: ImageTransformer, drafter, make_prefix, spec: SpeculativeConfig, sampling: SamplingConfig,
               neighbors: torch.Tensor | None, layout: RunLayout) -> tuple[int, int]:
-    """`speculative._decode_batch`: sink, state, prefill, first tokens, the drafter's prefix, noise, the last
+    """`trees.batch.decode_batch`: sink, state, prefill, first tokens, the drafter's prefix, noise, the last
     iteration's windows, and the state of all images but one (a shrinking batch)."""
     if drafter is None:
         raise ValueError("a tree decoder's reservation needs its drafter")
@@ -309,10 +301,7 @@ def _dry_tree(model: ImageTransformer, drafter, make_prefix, spec: SpeculativeCo
             fill_per_image(state.uniforms, [None] * G)
         state.session.reset(0)
         fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first, rows, T)
-        features = hidden
-        if prefix.padded and drafter.config.prefix_states != "native":
-            features = torch.where(prefix.key_valid[..., None], hidden, hf_port_states(model, prefix.embeddings,
-                                                                                    prefix.key_valid))
+        features = drafter_features(model, prefix, hidden, drafter.config.prefix_states)
         state.session.consume(features, fed, embeddings)
         draw_iteration_noise(state, [None] * G)
         tree_iteration(TreeContext(model, drafter, shape, plan, dist), state,
@@ -323,30 +312,9 @@ def _dry_tree(model: ImageTransformer, drafter, make_prefix, spec: SpeculativeCo
     return _measured(dry)
 
 
-def _jacobi_candidates(config: JacobiConfig, stride: int) -> list[JacobiConfig]:
-    """The integer-window configurations a run of `config` may end up with: the chosen window or the widest
-    "auto" may pick, and with an auto geometry every candidate `jacobi._measure_rows` tries."""
-    def widest(c: JacobiConfig) -> JacobiConfig:
-        return c if c.window != "auto" else replace(c, window=c.largest_window(stride))
-    if not config.auto_rows:
-        return [widest(config)]
-    if config.row_commit:
-        window = widest(config).window
-        return [replace(config, window=window, rows=r, row_window=w, auto_rows=False) for r, w in ROW_GEOMETRIES]
-    candidates = []
-    for rows, row_window, offset in LOSSLESS_GEOMETRIES:
-        candidate = widest(replace(config, rows=rows, row_window=row_window, row_offset=offset, auto_rows=False))
-        try:
-            candidate.far_starts(candidate.window, stride)
-        except Exception:  # noqa: BLE001 -- a geometry that does not fit these rows is not tried
-            continue
-        candidates.append(candidate)
-    return candidates
-
-
 def _dry_jacobi(model: ImageTransformer, make_prefix, config: JacobiConfig, sampling: SamplingConfig,
                 neighbors: torch.Tensor | None, layout: RunLayout) -> tuple[int, int]:
-    """`jacobi._decode_batch`: sink, state, prefill, first tokens, position noise, the last iteration's window,
+    """`jacobi.batch.decode_batch`: sink, state, prefill, first tokens, position noise, the last iteration's window,
     and the state of all images but one (a shrinking batch)."""
     N = model.config.num_image_tokens
     guided = sampling.uses_cfg

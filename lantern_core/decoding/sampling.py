@@ -94,3 +94,45 @@ def pick_tokens(logits: torch.Tensor, config: SamplingConfig, generator: Generat
 def make_generators(seed: int, batch: int, device: torch.device | str = "cpu") -> list[torch.Generator]:
     """One generator per sample, seeded seed, seed+1, ... (mod 2**64): sample i equals a single run with seed+i."""
     return [torch.Generator(device=device).manual_seed((seed + i) % 2**64) for i in range(batch)]
+
+
+class NodeDistributions:
+    """CFG + filters for one run, per tree node: logits (rows, T, V), image-token index (T,) -> (G, T, V)
+    where rows = G trees, or [cond trees; uncond trees] with CFG. Greedy runs get softmax(logits).
+    `constrain` (the model's `constrain_logits`) applies a forced-token layout after CFG."""
+
+    def __init__(self, sampling: SamplingConfig, guided: bool, constrain=None):
+        self.sampling = sampling
+        self.guided = guided
+        self.constrain = constrain
+
+    def combine(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        mixed = self._cfg(logits, index)
+        return mixed if self.constrain is None else self.constrain(mixed, index)
+
+    def _cfg(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        if not self.guided:
+            return logits.float()
+        cond, uncond = logits.float().chunk(2, dim=0)
+        s = self.sampling
+        mixed = uncond + s.cfg_scale * (cond - uncond)  # exactly as AR's combine_cfg (same rounding)
+        if s.cfg_interval < 0:
+            return mixed
+        active = (index <= s.cfg_interval + 1) if s.cfg_interval >= 0 else torch.ones_like(index, dtype=torch.bool)
+        active = active[..., None] if index.dim() == 2 else active[None, :, None]  # (G|1, T, 1)
+        return torch.where(active, mixed, cond)
+
+    def __call__(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return self._filtered(logits, index).softmax(-1)
+
+    def log_probs(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """log of `__call__` computed as a log-softmax: finite wherever the filters keep a token, even
+        where the probability itself underflows float32 (what drafting without replacement needs)."""
+        return self._filtered(logits, index).log_softmax(-1)
+
+    def _filtered(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        combined = self.combine(logits, index)
+        if self.sampling.greedy:
+            return combined
+        s = self.sampling
+        return filter_logits(combined, s.temperature, s.top_k, s.top_p)

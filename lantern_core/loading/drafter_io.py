@@ -187,7 +187,7 @@ def infer_drafter_config(path: Path, sd: dict[str, torch.Tensor], hf: dict, meta
 
 
 def prefix_convention(hf: dict, config: DrafterConfig) -> str:
-    """The prefix convention the drafter was trained with (`decoding/prefix_states.py`): config.json's
+    """The prefix convention the drafter was trained with (`decoding/trees/prefix_states.py`): config.json's
     `lantern.prefix_states` when written; else "hf_port" for LANTERN's released LlamaGen text-to-image
     layout (its `input_type` t2i / t2i2, which `save_drafter` never writes: trained on its HF port's
     states); else what the file's own metadata says, "native" by default (our drafters, older ones

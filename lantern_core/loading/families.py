@@ -34,18 +34,18 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint_io import read_checkpoint, read_json_object
-from .checkpoints import build_on_meta, check_layer_count, infer_vq_config, load_state_strict, read_hf_folder
 from ..config import GPTConfig
 from ..errors import CheckpointError, ConfigError, shown
-from .family_io import chameleon_state, janus_state, taming_to_ours
-from ..models.prompted import PromptedImageLM
-from ..models.vq import VQModel
-from ..models.quantized import quantize_at_load, scheme_named
-from .quantized_io import cast_for_load
 from ..image_sizes import LUMINA_PATCH, format_size, lumina_grid
-from ..prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, chameleon_image_token_ids, load_tokenizer,
-                      lumina_format, lumina_size_token, token_id)
+from ..models.prompted import PromptedImageLM
+from ..models.quantized import quantize_at_load, scheme_named
+from ..models.vq import VQModel
+from ..prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, chameleon_image_token_ids, load_tokenizer, lumina_format,
+                       lumina_size_token, token_id)
+from .checkpoint_io import read_checkpoint, read_json_object
+from .checkpoints import build_on_meta, check_layer_count, infer_vq_config, load_state_strict, read_hf_folder
+from .family_io import chameleon_state, janus_state, taming_to_ours
+from .quantized_io import cast_for_load
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@ explicit slots of a layer's view and attend over a prefix of it. Writing through
 compiled step keeps Inductor's writes in place: a view taken inside the step of the 5-D tensor (a graph
 input) is written out of place, a copy of the whole layer, and copied back. Compaction (copying an accepted
 speculative path into place) also lives here. It does not decide what is valid: masks come from
-`attention_mask`.
+`attention_mask` (queries at explicit slots) and `window_mask` (queries after a committed length, seeing
+their tree ancestors or window predecessors: the tree and Jacobi decoders' forwards).
 """
 from __future__ import annotations
 
@@ -133,3 +134,29 @@ def attention_mask(key_valid: torch.Tensor, query_slots: torch.Tensor, kv_len: i
         causal, diagonal = causal[None], diagonal[None]
     mask = causal & key_valid[:, None, :kv_len]  # (B, T, kv_len)
     return (mask | diagonal)[:, None]
+
+
+def window_mask(key_valid: torch.Tensor, length: int | torch.Tensor, ancestry: torch.Tensor,
+                window: int) -> torch.Tensor:
+    """(rows, 1, T, window) bool for T queries written after `length` committed slots: every valid slot below
+    `length`, plus the slots length + j (j < n) where `ancestry` (T, n), or per tree (G, T, n), is True.
+    `length` may be a () device tensor, or (rows,) per row (a batch whose rows advance independently); the
+    mask then never reads the host. Slots from length + n to `window` are hidden, so one window serves every
+    length up to window - n."""
+    rows, n = key_valid.shape[0], ancestry.shape[-1]
+    keys = torch.arange(window, device=key_valid.device)
+    ancestry = ancestry.to(key_valid.device)
+    if isinstance(length, torch.Tensor) and length.dim() == 1:  # per row
+        rel = keys - length[:, None]  # (rows, window) offset of each key from the row's first tree slot
+        prefix = key_valid[:, :window] & (rel < 0)
+        per_tree = ancestry if ancestry.dim() == 3 else ancestry[None]
+        per_tree = per_tree.expand(rows, -1, -1) if per_tree.shape[0] == 1 else per_tree.repeat(
+            rows // per_tree.shape[0], 1, 1)  # (rows, T, n)
+        index = rel.clamp(0, n - 1)[:, None, :].expand(-1, per_tree.shape[1], -1)  # (rows, T, window)
+        tree = per_tree.gather(2, index) & ((rel >= 0) & (rel < n))[:, None, :]
+        return (prefix[:, None, :] | tree)[:, None]
+    prefix = key_valid[:, :window] & (keys < length)  # (rows, window)
+    rel = keys - length  # (window,) offset of each key from the first tree slot
+    tree = ancestry.index_select(-1, rel.clamp(0, n - 1)) & ((rel >= 0) & (rel < n))
+    tree = tree[None] if tree.dim() == 2 else tree.repeat(rows // tree.shape[0], 1, 1)  # (1|rows, T, window)
+    return (prefix[:, None, :] | tree)[:, None]

@@ -35,16 +35,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..conditioning import Condition, build_prefix, left_pad
+from ..conditioning import Condition, Prefix, build_prefix, left_pad
 from ..config import PREFIX_STATES, DrafterConfig, SamplingConfig
-from ..loading.drafter_io import save_drafter
-from ..errors import ConfigError, LanternError
 from ..decoding.generate import generate
-from ..decoding.prefix_states import drafter_features, drafter_key_valid
+from ..decoding.sampling import make_generators
+from ..decoding.trees.prefix_states import drafter_features, drafter_key_valid
+from ..errors import ConfigError, LanternError
+from ..loading.drafter_io import save_drafter
 from ..models.drafter import EagleDrafter
 from ..models.gpt import ForwardStep, ImageTransformer, LlamaGenGPT
 from ..models.kv_cache import attention_mask
-from ..decoding.sampling import make_generators
 
 log = logging.getLogger("lantern_core.training.train_drafter")
 STATE_FILE = "train_state.pt"
@@ -239,20 +239,20 @@ def teacher_features(target: ImageTransformer, condition: Condition, tokens: tor
                      prefix_states: str = "native") -> TeacherPass:
     """Target hidden states over [prefix; tokens[:, :-1]] (teacher forcing), the padded prefix rows in the
     drafter's convention `prefix_states` (as decoding hands them over: `prefix_states.drafter_features`)."""
-    prefix_ids = None
     if condition.labels is not None:  # labels may include the null class (unconditional rows)
         embeddings = target.embed_condition(condition.labels.to(tokens.device))
-        prefix_valid = torch.ones(embeddings.shape[:2], dtype=torch.bool, device=tokens.device)
+        valid = torch.ones(embeddings.shape[:2], dtype=torch.bool, device=tokens.device)
+        prefix = Prefix(embeddings, valid, padded=False)
     else:
         prefix = build_prefix(target, condition, guided=False)
-        embeddings, prefix_valid, prefix_ids = prefix.embeddings, prefix.key_valid, prefix.token_ids
+    embeddings, prefix_valid, prefix_ids = prefix.embeddings, prefix.key_valid, prefix.token_ids
     h = torch.cat([embeddings, target.embed_tokens(tokens[:, :-1])], dim=1)  # (B, T + N - 1, dim)
     L, T = h.shape[1], embeddings.shape[1]
     key_valid = torch.ones(h.shape[0], L, dtype=torch.bool, device=h.device)
     key_valid[:, :T] = prefix_valid
     positions = torch.arange(L, device=h.device)
     features = target(h, ForwardStep(positions, mask=attention_mask(key_valid, positions, L)))
-    prefix_features = drafter_features(target, embeddings, prefix_valid, features[:, :T], prefix_states)
+    prefix_features = drafter_features(target, prefix, features[:, :T], prefix_states)
     features = torch.cat([prefix_features, features[:, T:]], dim=1)
     return TeacherPass(features, key_valid, T, prefix_ids)
 
@@ -378,9 +378,10 @@ def train_drafter(target: ImageTransformer, data: DrafterData, recipe: Recipe, o
 def measure_acceptance(target: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
                        seed: int) -> dict:
     """Mean accepted length and per-depth acceptance of exact decoding with the published trees."""
-    from ..decoding.drafting import DynamicShape
-    from ..decoding.speculative import SpeculativeConfig, speculative_generate
-    from ..decoding.tree import MC_SIM_7B_63, NAIVE_EXTEND_57, chain_tree
+    from ..decoding.trees.config import SpeculativeConfig
+    from ..decoding.trees.drafting import DynamicShape
+    from ..decoding.trees.driver import speculative_generate
+    from ..decoding.trees.specs import MC_SIM_7B_63, NAIVE_EXTEND_57, chain_tree
 
     trees = {"naive_extend_57": SpeculativeConfig(static_tree=NAIVE_EXTEND_57),
              "mc_sim_7b_63": SpeculativeConfig(static_tree=MC_SIM_7B_63),

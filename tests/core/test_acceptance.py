@@ -3,9 +3,9 @@ draws for several p/q pairs and sibling counts), and the same test rejects delib
 import pytest
 import torch
 
-import lantern_core.decoding.acceptance as acceptance
-from lantern_core.decoding.acceptance import SiblingVerdict, accept_siblings
-from lantern_core.decoding.drafting import sample_without_replacement
+import lantern_core.decoding.acceptance.siblings as acceptance
+from lantern_core.decoding.acceptance.siblings import SiblingVerdict, accept_siblings
+from lantern_core.decoding.trees.drafting import sample_without_replacement
 from lantern_core.decoding.sampling import sample_from_probs
 from tests.wrong_rules import conditional_draft_floored
 
@@ -91,7 +91,8 @@ def nearly_certain_drafter_counts(seed, m=3):
 
 
 def test_a_nearly_certain_drafter_is_judged_against_its_true_conditional():
-    """Issue 14 at the unit level: the next sibling is tested against q renormalised in the log domain."""
+    """The renormalisation bug at the unit level: the next sibling is tested against q renormalised in the log
+    domain."""
     counts, p = nearly_certain_drafter_counts(seed=21)
     assert chi_square(counts, p) < CHI2_CRIT_DF5_P001
 

@@ -17,19 +17,18 @@ SCRIPT = """
 import json, sys
 sys.path[:0] = [{root!r}, {tests!r}]
 import torch
-import lantern_core.decoding.jacobi as jacobi
-import lantern_core.decoding.speculative as speculative
+import lantern_core.decoding.jacobi.auto as jacobi_auto
+import lantern_core.decoding.trees.auto as tree_auto
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
 from lantern_core.decoding import auto_store
-from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
+from lantern_core.decoding import JacobiConfig, SpeculativeConfig, jacobi_generate, speculative_generate
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.tree import chain_tree
+from lantern_core.decoding.trees.specs import chain_tree
 from tiny_models import TINY_C2I, random_drafter, random_gpt
 
 calls = []
-for module, name in ((speculative, "measure_costs"), (jacobi, "target_costs")):
+for module, name in ((tree_auto, "measure_costs"), (jacobi_auto, "target_costs")):
     real = getattr(module, name)
     setattr(module, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
 auto_store.use_store({store!r})

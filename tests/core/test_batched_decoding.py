@@ -8,17 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lantern_core.decoding.speculative as speculative_module
+import lantern_core.decoding.trees.auto as tree_auto
 from lantern_core.conditioning import Condition
 from lantern_core.config import GPTConfig, SamplingConfig
-from lantern_core.decoding.drafting import DynamicShape
+from lantern_core.decoding.trees.drafting import DynamicShape
 from lantern_core.decoding.generate import generate
-from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
-from lantern_core.decoding.neighbors import build_neighbors
-from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
+from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.tree import NAIVE_EXTEND_57, chain_tree
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.driver import speculative_generate
+from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57, chain_tree
 from lantern_core.loading.families import load_prompted
 from tests.tiny_families import save_chameleon_folder, save_chameleon_vqgan, save_janus_folder
 from tiny_models import TINY_T2I, random_drafter, random_gpt
@@ -139,8 +141,8 @@ def test_auto_tree_is_planned_at_the_batch_it_runs(c2i, monkeypatch):
     """The cost curve behind `auto` is measured at the batch's rows, and the choice is kept per batch size."""
     model, drafter, _ = c2i
     seen = []
-    real = speculative_module.measure_costs
-    monkeypatch.setattr(speculative_module, "measure_costs",
+    real = tree_auto.measure_costs
+    monkeypatch.setattr(tree_auto, "measure_costs",
                         lambda m, d, rows, *a, **k: seen.append(rows) or real(m, d, rows, *a, **k))
     spec = SpeculativeConfig(tree="auto", static_tree=chain_tree(3))
     with torch.no_grad():

@@ -14,9 +14,9 @@ import torch
 from fake_cuda import CaptureAudit, Finding, audit_captured_steps, fake_cuda_model
 from lantern_core.conditioning import Condition
 from lantern_core.decoding.generate import generate
-from lantern_core.decoding.jacobi import jacobi_generate
+from lantern_core.decoding.jacobi.driver import jacobi_generate
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import speculative_generate
+from lantern_core.decoding.trees.driver import speculative_generate
 from lantern_core.loading.families import load_prompted
 from lantern_core.models.quantized import SCHEMES, quantize_blocks
 from test_jacobi_step import MODES as JACOBI_1D, TWO_D

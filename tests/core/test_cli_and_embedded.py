@@ -103,7 +103,7 @@ def test_decode_images_is_batch_invariant(pipe):
 
 
 def test_cli_batch_image_equals_the_single_run_pixel_for_pixel(tmp_path):
-    """Issue 26 item 8: image 1 of a `--batch 2` run with seed 5 has the bytes of the single run with seed 6
+    """Image 1 of a `--batch 2` run with seed 5 has the bytes of the single run with seed 6
     (a batched VQ decode rounded about 1% of its pixels one grey level differently)."""
     def cli(*extra, out):
         proc = subprocess.run([sys.executable, "-m", "lantern_core", "generate", "--cls", "cat", "--decoding",

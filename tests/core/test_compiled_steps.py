@@ -1,4 +1,4 @@
-"""compile = "auto" on CUDA fuses each step with Inductor inside our own graph capture (issue 27 item 3). The
+"""compile = "auto" on CUDA fuses each step with Inductor inside our own graph capture. The
 compiled layout (one variant attending over the whole cache, the step wrapped by `compiled_step`) is run here
 on the CPU with Inductor's C++ back end: the same greedy tokens as eager, one compile reused by a second image,
 and a step that fails to compile falls back with one warning instead of failing the image."""

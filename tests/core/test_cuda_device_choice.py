@@ -11,7 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lantern_core.decoding import step_graphs
-from lantern_core.decoding.done_reader import DoneReader
+from lantern_core.decoding.batching import DoneReader
 
 
 class CudaRecorder:

@@ -2,15 +2,15 @@
 
 Tiny class-conditional models whose every image can be enumerated (2x2 grid with 5 codes: 625 images;
 3x3 grid with 3 codes: 19,683 images) on two sets of weights, with drafters whose next-token laws are
-very peaked (the regime of issue 14: under CFG a rejected sibling can leave less than float32's smallest
+very peaked (where a renormalisation bug hid: under CFG a rejected sibling can leave less than float32's smallest
 normal number of drafter mass). Each case decodes a few thousand images, every image with its own
 generator, through the public entry points (`speculative_generate`, `jacobi_generate`, `generate`), and
 compares whole images with the enumerated law (`tests/whole_image_law.py`) by a pooled chi-square.
 Cases cover static trees (deeper than the image, branching, chains), LANTERN at delta 0 and LANTERN++
 at lambda 1 on a static tree, EAGLE-2 dynamic trees, SJD, coupled SJD and plain AR, with CFG on and off
 and with top-k / top-p, and on int8 and fp8 targets (against the quantized model's own law). Wrong-rule
-controls show the same test rejects: the pre-fix renormalisation of the drafter's leftover mass (issue 14's
-bug), a forgotten residual, a miscalibrated sampler, and a quantized target's images against the
+controls show the same test rejects: the pre-fix renormalisation of the drafter's leftover mass (a bug
+once shipped), a forgotten residual, a miscalibrated sampler, and a quantized target's images against the
 full-precision law.
 """
 from __future__ import annotations
@@ -20,21 +20,23 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-import lantern_core.decoding.acceptance as acceptance
-import lantern_core.decoding.tree_walk as tree_walk
+import lantern_core.decoding.acceptance.siblings as acceptance
+import lantern_core.decoding.trees.walk as tree_walk
 from lantern_core.conditioning import Condition
 from lantern_core.config import DrafterConfig, GPTConfig, SamplingConfig
-from lantern_core.decoding.drafting import DynamicShape
+from lantern_core.decoding.trees.drafting import DynamicShape
 from lantern_core.decoding.generate import generate
-from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
 from lantern_core.models.drafter import EagleDrafter
 from lantern_core.models.gpt import LlamaGenGPT
 from lantern_core.models.quantized import quantize_blocks, scheme_named
-from lantern_core.decoding.neighbors import build_neighbors
-from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
+from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.tree import NAIVE_EXTEND_57, TreeSpec, chain_tree
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.driver import speculative_generate
+from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57, TreeSpec, chain_tree
 from tests.whole_image_law import ImageLaw, image_law, pooled_pvalue
 from tests.wrong_rules import conditional_draft_floored, residual_forgotten
 
@@ -74,8 +76,8 @@ class Case:
 
 
 CASES = {
-    # issue 14's shape: a 5-deep branching tree on 4-token images under CFG (on the pre-fix code the top-k
-    # case gave p = 2e-11, weights B p = 2e-24; see the issue's note)
+    # the shape that exposed the renormalisation bug: a 5-deep branching tree on 4-token images under CFG (on the
+    # pre-fix code the top-k case gave p = 2e-11, weights B p = 2e-24)
     "static_naive57_cfg": Case("A", "static", CFG2, 3000),
     "static_naive57_cfg_topk3": Case("A", "static", SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=3), 2500),
     "static_naive57_nocfg": Case("B", "static", SamplingConfig(cfg_scale=1.0, temperature=1.0), 2500),

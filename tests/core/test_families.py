@@ -10,7 +10,8 @@ from lantern_core.config import SamplingConfig
 from lantern_core.errors import CheckpointError
 from lantern_core.loading.families import detect_family, load_prompted
 from lantern_core.decoding.generate import generate
-from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
 from lantern_core.models.gpt import ForwardStep
 from lantern_core.prompts import chameleon_image_token_ids
 from tests.tolerances import assert_close_to_reference, float64_copy, model_tolerance, vq_decode_tolerance

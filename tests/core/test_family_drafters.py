@@ -13,17 +13,18 @@ import torch
 
 from lantern_core.config import DrafterConfig, SamplingConfig
 from lantern_core.loading.drafter_io import load_drafter, save_drafter
-from lantern_core.decoding.drafting import DynamicShape
+from lantern_core.decoding.trees.drafting import DynamicShape
 from lantern_core.errors import CheckpointError
 from lantern_core.loading.families import load_prompted
 from lantern_core.decoding.generate import generate
 from lantern_core.models.drafter import EagleDrafter
 from lantern_core.models.gpt import ForwardStep
-from lantern_core.decoding.neighbors import build_neighbors
-from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
+from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.tree import NAIVE_EXTEND_57, chain_tree
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.driver import speculative_generate
+from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57, chain_tree
 from tests.tolerances import assert_close_to_reference, float64_copy, transformer_tolerance
 from tests.tiny_families import (save_chameleon_folder, save_chameleon_vqgan, save_janus_folder,
                                  write_released_anole_drafter)
@@ -128,7 +129,8 @@ def test_greedy_speculative_modes_equal_greedy_ar_on_the_families(family, mode, 
                                  relaxation=Relaxation(k=5, lam=1.0))
         neighbors = build_neighbors(loaded.vq.quantize.embedding.weight, 5)
     if mode == "sjd_relaxed_lambda1":  # relaxed Jacobi (LANTERN++ rule on the window), exact at lambda 1
-        from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
+        from lantern_core.decoding.jacobi.config import JacobiConfig
+        from lantern_core.decoding.jacobi.driver import jacobi_generate
 
         neighbors = build_neighbors(loaded.vq.quantize.embedding.weight, 5)
         window = JacobiConfig(window=4, relaxation=Relaxation(k=5, lam=1.0))

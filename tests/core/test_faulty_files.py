@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, safe_open, save_file
 
-from lantern_core.decoding import neighbors
+from lantern_core.decoding.acceptance import neighbors
 from lantern_core.loading.checkpoints import load_gpt, load_vq
 from lantern_core.loading.drafter_io import load_drafter
 from lantern_core.errors import CheckpointError
@@ -167,7 +167,7 @@ def test_a_damaged_neighbour_cache_is_detected_and_rebuilt(tmp_path, caplog, dam
         other = tmp_path / "other"
         neighbors.load_or_build_neighbors(book + 1e-3 * torch.randn(40, 4), 5, other)
         shutil.copy(next(other.glob("neighbors_*.safetensors")), path)
-    with caplog.at_level(logging.WARNING, logger="lantern_core.decoding.neighbors"):
+    with caplog.at_level(logging.WARNING, logger="lantern_core.decoding.acceptance.neighbors"):
         again = neighbors.load_or_build_neighbors(book, 5, tmp_path)
     assert torch.equal(again, table)
     assert "rebuilding it" in caplog.text, caplog.text

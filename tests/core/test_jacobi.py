@@ -13,13 +13,16 @@ from lantern_core.errors import ConfigError
 from lantern_core.decoding.generate import generate
 from lantern_core.conditioning import build_prefix
 from lantern_core.decoding.generate import prefill
-from lantern_core.decoding.jacobi import INITS, JacobiConfig, jacobi_generate
-from lantern_core.decoding.jacobi_step import JacobiContext, JacobiShape, JacobiState, forward_window, refill
-from lantern_core.decoding.jacobi_window import choose_window, curve_sizes, expected_tokens
-from lantern_core.decoding.neighbors import build_neighbors
-from lantern_core.decoding.relaxation import Grouping, Relaxation
+from lantern_core.decoding.jacobi.config import INITS, JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
+from lantern_core.decoding.jacobi.state import JacobiContext, JacobiState
+from lantern_core.decoding.jacobi.shape import JacobiShape
+from lantern_core.decoding.jacobi.iteration import forward_window, refill
+from lantern_core.decoding.jacobi.auto import choose_window, curve_sizes, expected_tokens
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
+from lantern_core.decoding.acceptance.relaxation import Grouping, Relaxation
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.tree_select import CostCurve
+from lantern_core.decoding.cost_curve import CostCurve
 from tests.tiny_models import TINY_C2I, TINY_T2I, random_gpt
 from tests.tolerances import assert_close_to_reference, float64_copy, model_tolerance
 

@@ -1,4 +1,4 @@
-"""2-D Jacobi drafting (issue 28 item 1) is lossless: besides the frontier's window, windows on the image rows
+"""2-D Jacobi drafting is lossless: besides the frontier's window, windows on the image rows
 below draft ahead in the same forward, and only the frontier accepts, with the exact rule on the law each
 draft was drawn from.
 
@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import lantern_core.decoding.jacobi_step as jacobi_step
+import lantern_core.decoding.jacobi.iteration as jacobi_step
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
-from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
 from lantern_core.decoding.sampling import make_generators
 from lantern_core.errors import ConfigError
 from tests.core.test_exactness_whole_images import (CFG2, FAIL, LABEL, PASS, law_for, models_for,  # noqa: F401

@@ -5,11 +5,12 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-import lantern_core.decoding.jacobi_step as jacobi_step
+import lantern_core.decoding.jacobi.judge as jacobi_judge
 from lantern_core.conditioning import Condition
 from lantern_core.config import GPTConfig, SamplingConfig
-from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
-from lantern_core.decoding.speculative import NodeDistributions
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
+from lantern_core.decoding.sampling import NodeDistributions
 from tests.tiny_models import random_gpt
 
 SMALL = GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=8, model_type="c2i", num_classes=3, cls_token_num=1,
@@ -71,6 +72,6 @@ def test_jacobi_samples_the_autoregressive_law(model, name):
 
 @pytest.mark.parametrize("name", ["sjd", "coupled", "sjd repeat_above"])
 def test_the_same_test_rejects_a_residual_that_ignores_the_draft(model, name, monkeypatch):
-    monkeypatch.setattr(jacobi_step, "residual_distribution", lambda p, q: p)  # resample from p: biased
+    monkeypatch.setattr(jacobi_judge, "residual_distribution", lambda p, q: p)  # resample from p: biased
     p, _ = pvalue(model, LOSSLESS[name], seed=5, samples=5_000)  # a quarter of the samples already suffices
     assert p < 1e-6, p

@@ -1,4 +1,4 @@
-"""Proactive drafting (issue 28 item 3, `jacobi_proactive.py`) is lossless: K candidates at each of the frontier's
+"""Proactive drafting (`jacobi/proactive.py`) is lossless: K candidates at each of the frontier's
 first D positions, judged by recursive rejection sampling, with a passing leaf's key moved into the chain.
 
 Whole images of the tiny enumerable models (2x2 grid with 5 codes, 3x3 grid with 3 codes) decoded through
@@ -15,14 +15,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lantern_core.decoding.jacobi_proactive as jacobi_proactive
-import lantern_core.decoding.jacobi_step as jacobi_step
+import lantern_core.decoding.jacobi.proactive as jacobi_proactive
+import lantern_core.decoding.jacobi.iteration as jacobi_step
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
 from lantern_core.decoding.generate import generate
-from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
-from lantern_core.decoding.jacobi_step import JacobiShape
-from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
+from lantern_core.decoding.jacobi.shape import JacobiShape
+from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
 from lantern_core.errors import ConfigError
 from tests.core.test_jacobi_2d import NOCFG_TOPP, TOPK2, Case, decode  # the 2-D suite's cases and decoder

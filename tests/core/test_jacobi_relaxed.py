@@ -8,9 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import lantern_core.decoding.jacobi_step as jacobi_step
-from lantern_core.decoding.jacobi import JacobiConfig, judge_window
-from lantern_core.decoding.relaxation import Grouping, Relaxation, RelaxedMass
+import lantern_core.decoding.jacobi.judge as jacobi_judge
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.judge import judge_window
+from lantern_core.decoding.acceptance.relaxation import Grouping, Relaxation, RelaxedMass
 
 cases = st.tuples(st.integers(4, 10), st.integers(1, 5), st.integers(1, 9), st.integers(0, 2**31 - 1))
 
@@ -133,15 +134,15 @@ def test_the_checks_reject_a_budget_blind_rule(monkeypatch):
                            torch.full_like(tokens, rule.k))
 
     assert failures_under(JacobiConfig(4, relaxation=Relaxation(k=6, delta=0.05))) == 0
-    monkeypatch.setattr(jacobi_step, "relax", blind)
+    monkeypatch.setattr(jacobi_judge, "relax", blind)
     assert failures_under(JacobiConfig(4, relaxation=Relaxation(k=6, delta=0.05))) >= 10
 
 
 def test_grouped_checks_reject_a_group_that_ignores_the_gap(monkeypatch):
     """A group that takes every one of the k neighbours, whatever their probability, must fail them too."""
-    real = jacobi_step.group_mass
+    real = jacobi_judge.group_mass
     assert failures_under(JacobiConfig(4, grouping=Grouping(k=6, gap=0.01))) == 0
-    monkeypatch.setattr(jacobi_step, "group_mass",
+    monkeypatch.setattr(jacobi_judge, "group_mass",
                         lambda p, q, tokens, neighbors, rule: real(p, q, tokens, neighbors, Grouping(rule.k, 1.0)))
     assert failures_under(JacobiConfig(4, grouping=Grouping(k=6, gap=0.01))) >= 10
 

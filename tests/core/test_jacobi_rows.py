@@ -1,4 +1,4 @@
-"""Relaxed 2-D Jacobi (`JacobiConfig.row_commit`, issue 28 item 2): lower rows commit their own accepted drafts
+"""Relaxed 2-D Jacobi (`JacobiConfig.row_commit`): lower rows commit their own accepted drafts
 at their own fronts before the frontier arrives. It is lossy by design; what stays exact is tested here.
 
 - Every token the frontier judges is an exact draw given the tokens before it: the frontier's queries see
@@ -17,15 +17,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lantern_core.decoding.jacobi_rows as jacobi_rows
-import lantern_core.decoding.jacobi_step as jacobi_step
+import lantern_core.decoding.jacobi.rows as jacobi_rows
+import lantern_core.decoding.jacobi.iteration as jacobi_step
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
-from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
-from lantern_core.decoding.jacobi_rows import row_fronts
-from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
+from lantern_core.decoding.jacobi.rows import row_fronts
+from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import NodeDistributions
+from lantern_core.decoding.sampling import NodeDistributions
 from lantern_core.errors import ConfigError
 from tests.core.test_exactness_whole_images import (CFG2, FAIL, LABEL, PASS, law_for, models_for,  # noqa: F401
                                                     one_thread)  # the autouse fixture: one thread for tiny models
@@ -165,8 +166,8 @@ def test_row_commit_is_checked_and_described():
 
 
 def test_the_auto_geometry_follows_the_cost_curve_and_is_reused():
-    from lantern_core.decoding.jacobi_window import choose_rows
-    from lantern_core.decoding.tree_select import CostCurve
+    from lantern_core.decoding.jacobi.auto import choose_rows
+    from lantern_core.decoding.cost_curve import CostCurve
 
     measured = {(4, 2): 3.0, (6, 6): 5.0, (8, 4): 4.5}
     flat = CostCurve(((1, 1.0), (64, 1.0)), 0.0)  # a GPU: width is free, the most tokens per forward wins
@@ -182,3 +183,27 @@ def test_the_auto_geometry_follows_the_cost_curve_and_is_reused():
         assert torch.equal(runs[0].tokens, runs[1].tokens) and runs[0].stats.tree == runs[1].stats.tree
         assert "(auto geometry)" in runs[0].stats.tree and "(auto; geometry " in runs[0].stats.tree
         assert ("relaxed 2-D" in runs[0].stats.tree) == config.row_commit
+
+
+def test_the_auto_search_decodes_exactly_the_candidates_the_planner_reserves_for(monkeypatch):
+    """One rule lists the geometries an auto run may decode with (`candidate_geometries`): the search decodes
+    each of them, in order, once (relaxed rows and lossless 2-D alike), and the memory planner reserves for the
+    same list (`reservation._dry_jacobi` takes it from there)."""
+    import lantern_core.decoding.jacobi.auto as jacobi_auto
+    import lantern_core.decoding.reservation as reservation
+    from lantern_core.decoding import auto_store
+    from lantern_core.decoding.jacobi.config import candidate_geometries
+
+    assert reservation.candidate_geometries is candidate_geometries
+    model = models_for("C")[0]
+    decoded, real = [], jacobi_auto.decode_batch
+    monkeypatch.setattr(jacobi_auto, "decode_batch", lambda m, config, *a: decoded.append(config) or real(m, config, *a))
+    monkeypatch.setattr(jacobi_auto, "_WINDOWS", {})  # measured again, not remembered from another test
+    monkeypatch.setitem(auto_store._STATE, "path", None)
+    for config in (JacobiConfig("auto", coupled=True, init="sample_left", rows=2, row_commit=True, auto_rows=True),
+                   JacobiConfig("auto", coupled=True, init="sample_left", auto_rows=True)):
+        decoded.clear()
+        choice = jacobi_auto.auto_window(model, Condition.classes([LABEL]), CFG2, config, None)
+        candidates = candidate_geometries(config, model.config.row_stride)
+        assert decoded == candidates and len(candidates) > 1
+        assert (choice.rows, choice.row_window) in {(c.rows, c.row_window) for c in candidates}

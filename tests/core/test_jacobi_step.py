@@ -1,4 +1,4 @@
-"""The static-shape Jacobi iteration (`decoding/jacobi_step.py`): the same tokens as the step-by-step
+"""The static-shape Jacobi iteration (`decoding/jacobi/iteration.py`): the same tokens as the step-by-step
 decoder it replaced (tests/reference_jacobi.py) for SJD, coupled SJD, every initialisation, LANTERN (delta,
 lambda) and GSD relaxed Jacobi, greedy, c2i and left-padded t2i, including the shrinking window at the end
 of the image; the same tokens through the window bands a capturing device uses (stand-in graphs on the
@@ -11,14 +11,16 @@ import copy
 import pytest
 import torch
 
-import lantern_core.decoding.jacobi as jacobi_module
+import lantern_core.decoding.jacobi.batch as jacobi_module
 from lantern_core.conditioning import Condition
 from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.decoding import step_graphs
-from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
-from lantern_core.decoding.jacobi_step import JacobiShape, jacobi_bands, jacobi_iteration, jacobi_window
-from lantern_core.decoding.neighbors import build_neighbors
-from lantern_core.decoding.relaxation import Grouping, Relaxation
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
+from lantern_core.decoding.jacobi.shape import JacobiShape, jacobi_bands, jacobi_window
+from lantern_core.decoding.jacobi.iteration import jacobi_iteration
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
+from lantern_core.decoding.acceptance.relaxation import Grouping, Relaxation
 from lantern_core.decoding.sampling import make_generators
 from reference_jacobi import reference_tokens
 from stand_in_graphs import assert_capture_matches_eager, use_stand_in_graphs

@@ -15,15 +15,17 @@ from lantern_core.image_sizes import lumina_sizes
 from lantern_core.loading.families import is_lumina, load_prompted
 from lantern_core.prompts import lumina_format, lumina_size_token
 from lantern_core.decoding.generate import generate
-from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
 from lantern_core.layout import image_codes
 from lantern_core.models.drafter import EagleDrafter
 from lantern_core.config import DrafterConfig
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.neighbors import build_neighbors
-from lantern_core.decoding.relaxation import Relaxation
-from lantern_core.decoding.tree import NAIVE_EXTEND_57
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.driver import speculative_generate
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
+from lantern_core.decoding.acceptance.relaxation import Relaxation
+from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57
 from tests.tiny_families import IMAGE_CODES, chameleon_vocab, save_chameleon_folder, save_chameleon_vqgan
 
 GRID = 4  # 4 rows of 4 codes + an end-of-row token: 20 image tokens

@@ -12,13 +12,14 @@ import pytest
 import torch
 
 from lantern_core.config import SamplingConfig
-from lantern_core.decoding.drafting import DynamicShape
+from lantern_core.decoding.trees.drafting import DynamicShape
 from lantern_core.decoding.generate import generate
-from lantern_core.decoding.neighbors import build_neighbors
-from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
+from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.tree import NAIVE_EXTEND_57
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.driver import speculative_generate
+from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57
 from lantern_core.errors import CheckpointError
 from lantern_core.loading.drafter_io import load_drafter, save_drafter
 from lantern_core.loading.families import load_prompted

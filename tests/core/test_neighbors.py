@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from lantern_core.decoding import neighbors
+from lantern_core.decoding.acceptance import neighbors
 from lantern_core.errors import ConfigError
 
 

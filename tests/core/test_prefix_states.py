@@ -1,4 +1,4 @@
-"""Drafters see the prefix states they were trained on (issue 17 item 1).
+"""Drafters see the prefix states they were trained on.
 
 LANTERN's released text-to-image drafters were trained on the hidden states of its HF port of LlamaGen,
 where a left-padded caption row attends uniformly over the prefill and the drafter masks no prefix key.
@@ -20,13 +20,14 @@ import torch
 
 from lantern_core.conditioning import Condition, build_prefix
 from lantern_core.config import GPTConfig, SamplingConfig
-from lantern_core.decoding.drafting import DrafterSession, prefix_inputs
+from lantern_core.decoding.trees.drafting import DrafterSession, prefix_inputs
 from lantern_core.decoding.generate import generate, prefill
-from lantern_core.decoding.prefix_states import drafter_features
+from lantern_core.decoding.trees.prefix_states import drafter_features
 from lantern_core.decoding.report import stats_payload, stats_text
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.tree import NAIVE_EXTEND_57, chain_tree
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.driver import speculative_generate
+from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57, chain_tree
 from lantern_core.errors import CheckpointError
 from lantern_core.loading.drafter_io import load_drafter, save_drafter
 from lantern_core.training.train_drafter import DrafterData, Recipe, teacher_features, train_drafter
@@ -71,7 +72,7 @@ def lantern_port_mask(key_valid: torch.Tensor, dtype: torch.dtype) -> torch.Tens
 
 
 def todays_mask(key_valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The mask this module built before issue 26: finfo(dtype).min on every key a row may not see (a
+    """The mask this module once built: finfo(dtype).min on every key a row may not see (a
     padded row then spreads over every key of the prefill). Kept to show the reference test fails on it."""
     T = key_valid.shape[1]
     pos = torch.arange(T)
@@ -158,7 +159,7 @@ def session_after_prefill(model, drafter, condition: Condition):
     key_valid = torch.ones(rows, slots, dtype=torch.bool)
     with torch.no_grad():
         hidden = prefill(model, prefix, cache, key_valid)
-        feats = drafter_features(model, prefix.embeddings, prefix.key_valid, hidden, drafter.config.prefix_states)
+        feats = drafter_features(model, prefix, hidden, drafter.config.prefix_states)
         session = DrafterSession(drafter, rows, slots, key_valid)
         fed, _ = prefix_inputs(drafter, model, None, torch.tensor([7, 3, 11]), rows, T)
         session.consume(feats, fed)
@@ -177,7 +178,7 @@ def test_features_and_drafter_output_follow_lanterns_mask_arithmetic(dtype, monk
     """The drafter's features and its first prediction over a left-padded caption equal LANTERN's HF
     port run in the same dtype (its summed float32 causal + `dtype` padding mask), computed in float64;
     today's mask (finfo.min on every hidden key) and the native convention are far off."""
-    from lantern_core.decoding import prefix_states
+    from lantern_core.decoding.trees import prefix_states
 
     model, drafter = run_in(dtype)
     condition = padded_condition()
@@ -196,7 +197,7 @@ def test_features_and_drafter_output_follow_lanterns_mask_arithmetic(dtype, monk
     # the same weights in the native convention (padded rows and keys as LlamaGen's) differ from the port
     native = session_after_prefill(model, with_states(drafter, "native"), condition)[3]
     assert (native.root_feature.double() - port).abs().max() > 4 * dtol
-    # the check fails on the mask this module built before issue 26 (every hidden key at finfo.min)
+    # the check fails on the mask this module once built (every hidden key at finfo.min)
     monkeypatch.setattr(prefix_states, "hf_port_mask", todays_mask)
     _, _, old, old_session, _ = session_after_prefill(model, drafter, condition)
     assert (old.double() - reference)[~valid].abs().max() > 4 * tol

@@ -11,12 +11,14 @@ import torch.nn as nn
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
 from lantern_core.decoding.generate import generate
-from lantern_core.decoding.jacobi import JacobiConfig, jacobi_generate
-from lantern_core.decoding.neighbors import build_neighbors
-from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
+from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.tree import NAIVE_EXTEND_57
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.driver import speculative_generate
+from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57
 from lantern_core.errors import CheckpointError, ConfigError
 from lantern_core.loading.checkpoint_io import write_safetensors
 from lantern_core.loading.checkpoints import load_gpt

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lantern_core.errors import ConfigError
-from lantern_core.decoding.relaxation import Relaxation, relax
+from lantern_core.decoding.acceptance.relaxation import Relaxation, relax
 
 NEIGHBORS = torch.tensor([[1, 2, 3], [0, 2, 3], [1, 3, 0], [2, 1, 0]])
 

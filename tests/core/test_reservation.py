@@ -15,8 +15,8 @@ from lantern_core.benchmarks.decode_counts import jacobi_modes, tree_modes
 from lantern_core.benchmarks.run_memory import run_decoder
 from lantern_core.conditioning import Condition
 from lantern_core.config import GPTConfig, SamplingConfig
-from lantern_core.decoding.jacobi import JacobiConfig
-from lantern_core.decoding.neighbors import build_neighbors
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
 from lantern_core.decoding.reservation import PlannedRun, RunMemoryError, check_run_fits, meta_twin, plan_run_memory
 from lantern_core.memory_track import track_allocations
 from lantern_core.models.gpt import LlamaGenGPT
@@ -29,7 +29,7 @@ from tiny_models import TINY_C2I, TINY_T2I, random_drafter, random_gpt
 CONFIG = GPTConfig(dim=64, n_layer=2, n_head=4, vocab_size=512, model_type="c2i", num_classes=5, cls_token_num=1,
                    grid_size=8)
 CONFIG_2D = replace(CONFIG, grid_size=16)
-TOLERANCE = 0.15  # the issue's bound; the dry run lands within 2 % on every mode below
+TOLERANCE = 0.15  # the planner's promised bound; the dry run lands within 2 % on every mode below
 MODES = [("ar", None, False)] + tree_modes(10) + jacobi_modes(10)
 BY_NAME = {name: (spec, greedy) for name, spec, greedy in MODES}
 # One run per distinct path of the plan (`reservation._dry_ar` / `_dry_tree` / `_dry_jacobi` and the state each
@@ -214,9 +214,9 @@ def test_the_reservation_is_within_15_percent_of_cuda_peak(pair, name, spec, gre
 def test_settings_the_decoder_refuses_are_refused_by_the_plan_with_its_error(pair):
     """A tree wider than the vocabulary, or a relaxation without its neighbour table: the decoder's own
     ConfigError, from the plan, before the sampler places anything."""
-    from lantern_core.decoding.drafting import DynamicShape
-    from lantern_core.decoding.relaxation import Relaxation
-    from lantern_core.decoding.speculative import SpeculativeConfig
+    from lantern_core.decoding.trees.drafting import DynamicShape
+    from lantern_core.decoding.acceptance.relaxation import Relaxation
+    from lantern_core.decoding.trees.config import SpeculativeConfig
     from lantern_core.errors import ConfigError
 
     small = random_gpt(TINY_C2I)  # 48 codes

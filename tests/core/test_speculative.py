@@ -7,14 +7,15 @@ import torch
 
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
-from lantern_core.decoding.drafting import DynamicShape
+from lantern_core.decoding.trees.drafting import DynamicShape
 from lantern_core.errors import ConfigError
 from lantern_core.decoding.generate import generate
-from lantern_core.decoding.neighbors import build_neighbors
-from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
+from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.tree import MC_SIM_7B_63, NAIVE_EXTEND_57, TreeSpec, chain_tree
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.driver import speculative_generate
+from lantern_core.decoding.trees.specs import MC_SIM_7B_63, NAIVE_EXTEND_57, TreeSpec, chain_tree
 from tests.tiny_models import TINY_C2I, TINY_T2I, random_drafter, random_gpt
 
 SPECS = {
@@ -124,7 +125,7 @@ def test_bad_dynamic_shape_names_the_parameter():
 
 
 def test_weights_digest_follows_the_weights_not_the_object():
-    from lantern_core.decoding.speculative import weights_digest
+    from lantern_core.decoding.auto_store import weights_digest
     from tests.tiny_models import TINY_C2I, random_gpt
 
     a, b = random_gpt(TINY_C2I, seed=0), random_gpt(TINY_C2I, seed=0)

@@ -8,17 +8,19 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-import lantern_core.decoding.tree_walk as tree_walk
-from lantern_core.decoding.acceptance import SiblingVerdict
+import lantern_core.decoding.trees.walk as tree_walk
+from lantern_core.decoding.acceptance.siblings import SiblingVerdict
 from lantern_core.conditioning import Condition, build_prefix
 from lantern_core.config import GPTConfig, SamplingConfig
-from lantern_core.decoding.drafting import DrafterSession, DynamicShape, draft_dynamic, draft_static, per_row, plan_static_tree
+from lantern_core.decoding.trees.drafting import DrafterSession, DynamicShape, draft_dynamic, draft_static, plan_static_tree
+from lantern_core.decoding.batching import per_row
 from lantern_core.models.gpt import ForwardStep
 from lantern_core.models.kv_cache import attention_mask
 from lantern_core.decoding.sampling import sample_from_probs
-from lantern_core.decoding.speculative import NodeDistributions, SpeculativeConfig
-from lantern_core.decoding.tree_step import verify_tree
-from lantern_core.decoding.tree import NAIVE_EXTEND_57
+from lantern_core.decoding.sampling import NodeDistributions
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.iteration import verify_tree
+from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57
 from tests.tiny_models import random_drafter, random_gpt
 from tests.wrong_rules import residual_forgotten
 

@@ -10,12 +10,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lantern_core.decoding.generate as generate_module
-import lantern_core.decoding.jacobi as jacobi_module
-import lantern_core.decoding.speculative as speculative_module
+import lantern_core.decoding.jacobi.batch as jacobi_module
+import lantern_core.decoding.trees.batch as speculative_module
 from lantern_core.conditioning import Condition
-from lantern_core.decoding.jacobi import jacobi_generate
+from lantern_core.decoding.jacobi.driver import jacobi_generate
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import speculative_generate
+from lantern_core.decoding.trees.driver import speculative_generate
 from lantern_core.decoding import step_graphs
 from lantern_core.decoding.step_graphs import static_only
 from test_jacobi_step import MODES, TWO_D

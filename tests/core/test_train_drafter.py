@@ -6,16 +6,15 @@ import json
 import pytest
 import torch
 
-from lantern_core.config import DrafterConfig
-from lantern_core.loading.drafter_io import load_drafter
-from lantern_core.errors import ConfigError
-from lantern_core.models.drafter import EagleDrafter
-from lantern_core.decoding.sampling import make_generators
-from lantern_core.training.train_drafter import (DrafterData, Recipe, drafter_loss, image_folder_data, main, teacher_features,
-                                        train_drafter)
 from lantern_core.conditioning import Condition
+from lantern_core.config import DrafterConfig, SamplingConfig
 from lantern_core.decoding.generate import generate
-from lantern_core.config import SamplingConfig
+from lantern_core.decoding.sampling import make_generators
+from lantern_core.errors import ConfigError
+from lantern_core.loading.drafter_io import load_drafter
+from lantern_core.models.drafter import EagleDrafter
+from lantern_core.training.train_drafter import (DrafterData, Recipe, drafter_loss, image_folder_data, main,
+                                                 teacher_features, train_drafter)
 from tests.tiny_models import TINY_C2I, TINY_VQ, random_gpt, random_vq
 from tests.tolerances import assert_close_to_reference, float64_copy, model_tolerance
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from lantern_core.errors import ConfigError
-from lantern_core.decoding.tree import MC_SIM_7B_63, NAIVE_EXTEND_57, TreeSpec, build_tree_buffers, chain_tree
+from lantern_core.decoding.trees.specs import MC_SIM_7B_63, NAIVE_EXTEND_57, TreeSpec, build_tree_buffers, chain_tree
 
 
 @pytest.mark.parametrize("spec,per_depth,max_rank", [(NAIVE_EXTEND_57, [5, 13, 16, 14, 9], 4),

@@ -5,8 +5,8 @@ import torch
 
 from lantern_core.models.gpt import ForwardStep
 from lantern_core.models.kv_cache import attention_mask
-from lantern_core.decoding.tree import MC_SIM_7B_63, build_tree_buffers, chain_tree
-from lantern_core.decoding.tree_attention import commit_path, forward_tree
+from lantern_core.decoding.trees.specs import MC_SIM_7B_63, build_tree_buffers, chain_tree
+from lantern_core.decoding.trees.attention import commit_path, forward_tree
 from tiny_models import TINY_C2I, random_gpt
 from tolerances import assert_close_to_reference, float64_copy, model_tolerance
 

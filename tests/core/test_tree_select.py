@@ -6,10 +6,12 @@ import torch
 from lantern_core.conditioning import Condition
 from lantern_core.config import SamplingConfig
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding import speculative
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.tree import NAIVE_EXTEND_57, TreeSpec
-from lantern_core.decoding.tree_select import CostCurve, choose_subtree, measure_costs, node_rates
+from lantern_core.decoding.trees import auto as tree_auto
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.driver import speculative_generate
+from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57, TreeSpec
+from lantern_core.decoding.cost_curve import CostCurve
+from lantern_core.decoding.trees.auto import choose_subtree, measure_costs, node_rates
 from tests.tiny_models import TINY_C2I, random_drafter, random_gpt
 
 
@@ -52,7 +54,7 @@ def test_node_rates_follow_the_buffer_order():
 
 
 def test_measured_curve_and_auto_runs_calibrate_once(monkeypatch):
-    monkeypatch.setattr(speculative, "_AUTO_CHOICES", {})  # choices are process-wide (by weights digest)
+    monkeypatch.setattr(tree_auto, "_AUTO_CHOICES", {})  # choices are process-wide (by weights digest)
     model = random_gpt(TINY_C2I)
     drafter = random_drafter(model)
     curve = measure_costs(model, drafter, rows=2, reps=1)
@@ -65,7 +67,7 @@ def test_measured_curve_and_auto_runs_calibrate_once(monkeypatch):
     redo = speculative_generate(model, drafter, Condition.classes([0, 1]), sampling, SpeculativeConfig(tree="auto"),
                                 make_generators(0, 2))
     assert torch.equal(redo.tokens, first.tokens)  # calibration never changes what a seed draws
-    chosen = speculative._AUTO_CHOICES[speculative._pair(model, drafter)]
+    chosen = tree_auto._AUTO_CHOICES[tree_auto._pair(model, drafter)]
     ((tree, note),) = chosen.values()
     assert "tok/s for plain AR" in note and note in first.stats.tree
     assert set(tree.paths) <= set(NAIVE_EXTEND_57.paths)  # a static sub-tree, drafted as one
@@ -82,7 +84,7 @@ def test_measured_curve_and_auto_runs_calibrate_once(monkeypatch):
 def test_auto_times_forwards_as_runs_make_them_on_cuda(monkeypatch):
     """On CUDA the cost curve times a captured graph's replay (what a run replays), not the eager call; capture
     is stood in for here (`stand_in_graphs`) and the device is only named."""
-    import lantern_core.decoding.tree_select as tree_select
+    import lantern_core.decoding.cost_curve as cost_curve
     from lantern_core.decoding import step_graphs
     from stand_in_graphs import stand_in_capture
 
@@ -94,9 +96,9 @@ def test_auto_times_forwards_as_runs_make_them_on_cuda(monkeypatch):
         return graph
 
     monkeypatch.setattr(step_graphs, "capture", capture)
-    monkeypatch.setattr(tree_select, "synchronize", lambda device: None)
+    monkeypatch.setattr(cost_curve, "synchronize", lambda device: None)
     calls = []
-    assert tree_select._time(lambda: calls.append(1), torch.device("cuda"), reps=3) >= 0
+    assert cost_curve.time_call(lambda: calls.append(1), torch.device("cuda"), reps=3) >= 0
     (graph,) = captured
     assert graph.replays == 1 + 3  # the warm-up call and every timed call replayed the graph
-    assert tree_select._time(lambda: calls.append(1), torch.device("cpu"), reps=3) >= 0 and len(captured) == 1
+    assert cost_curve.time_call(lambda: calls.append(1), torch.device("cpu"), reps=3) >= 0 and len(captured) == 1

@@ -1,4 +1,4 @@
-"""The static-shape speculative iteration (`decoding/tree_step.py`): the same tokens as the step-by-step
+"""The static-shape speculative iteration (`decoding/trees/iteration.py`): the same tokens as the step-by-step
 decoder it replaced (tests/reference_speculative.py), for static trees, chains and EAGLE-2, exact, greedy,
 LANTERN (delta) and LANTERN++ (lambda), c2i and left-padded t2i; the same tokens through the window bands a
 capturing device uses (stand-in graphs on the CPU, with warm-up and reuse across images); and an
@@ -8,17 +8,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lantern_core.decoding.speculative as speculative_module
+import lantern_core.decoding.trees.batch as speculative_module
 from lantern_core.conditioning import Condition
 from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.decoding import step_graphs
-from lantern_core.decoding.drafting import DynamicShape
-from lantern_core.decoding.neighbors import build_neighbors
-from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.trees.drafting import DynamicShape
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
+from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.tree import MC_SIM_7B_63, NAIVE_EXTEND_57, chain_tree
-from lantern_core.decoding.tree_step import TreeShape, band_windows, tree_iteration, tree_windows
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.driver import speculative_generate
+from lantern_core.decoding.trees.specs import MC_SIM_7B_63, NAIVE_EXTEND_57, chain_tree
+from lantern_core.decoding.trees.iteration import TreeShape, band_windows, tree_iteration, tree_windows
 from reference_speculative import reference_tokens
 from stand_in_graphs import assert_capture_matches_eager, use_stand_in_graphs
 from tiny_models import TINY_T2I, random_drafter, random_gpt

@@ -1,4 +1,4 @@
-"""Trees against the vocabulary (issue 26 item 5): a static tree with more children under one node than the
+"""Trees against the vocabulary: a static tree with more children under one node than the
 model has codes, or an EAGLE-2 top_k larger than the vocabulary, used to crash inside drafting with torch's
 "selected index k out of range". Every (tree, vocabulary, sampling top-k) combination now either runs or is
 refused before any forward with a ConfigError naming the tree, its widest node's child count and the
@@ -11,13 +11,14 @@ import torch
 
 from lantern_core.conditioning import Condition
 from lantern_core.config import DrafterConfig, GPTConfig, SamplingConfig
-from lantern_core.decoding.drafting import DynamicShape
+from lantern_core.decoding.trees.drafting import DynamicShape
 from lantern_core.decoding.generate import generate
-from lantern_core.decoding.neighbors import build_neighbors
-from lantern_core.decoding.relaxation import Relaxation
+from lantern_core.decoding.acceptance.neighbors import build_neighbors
+from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
-from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
-from lantern_core.decoding.tree import MC_SIM_7B_63, NAIVE_EXTEND_57, TreeSpec, chain_tree
+from lantern_core.decoding.trees.config import SpeculativeConfig
+from lantern_core.decoding.trees.driver import speculative_generate
+from lantern_core.decoding.trees.specs import MC_SIM_7B_63, NAIVE_EXTEND_57, TreeSpec, chain_tree
 from lantern_core.errors import ConfigError
 from lantern_core.models.drafter import EagleDrafter
 from lantern_core.models.prompted import PromptedImageLM
@@ -76,11 +77,11 @@ def test_every_tree_vocabulary_and_top_k_runs_or_names_the_tree(vocab, tree, sam
 
 @pytest.mark.parametrize("vocab", [3, 5])
 def test_auto_refuses_a_base_tree_wider_than_the_vocabulary_before_calibrating(vocab, monkeypatch):
-    from lantern_core.decoding import speculative
+    from lantern_core.decoding.trees import auto as tree_auto
 
     model, drafter = tiny(vocab)
     calls = []
-    monkeypatch.setattr(speculative, "_calibrate", lambda *a, **k: calls.append(a) or (chain_tree(1), "stub"))
+    monkeypatch.setattr(tree_auto, "_calibrate", lambda *a, **k: calls.append(a) or (chain_tree(1), "stub"))
     spec = SpeculativeConfig(tree="auto", static_tree=NAIVE_EXTEND_57)
     if vocab < 5:
         with pytest.raises(ConfigError) as exc:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lantern_core.decoding.relaxation import Relaxation
-from lantern_core.decoding.tree_walk import walk_longest_path, walk_tree
+from lantern_core.decoding.acceptance.relaxation import Relaxation
+from lantern_core.decoding.trees.walk import walk_longest_path, walk_tree
 
 V = 6
 # token 2's nearest latent neighbours are 5 then 4; every other row lists two other tokens
@@ -78,13 +78,14 @@ def test_exact_greedy_is_unchanged():
 
 def test_relaxed_greedy_dynamic_decoding_uses_the_longest_path(monkeypatch):
     """The decoder routes greedy relaxed dynamic trees through it (and nothing else)."""
-    import lantern_core.decoding.tree_step as tree_step
+    import lantern_core.decoding.trees.iteration as tree_step
     from lantern_core.conditioning import Condition
     from lantern_core.config import SamplingConfig
-    from lantern_core.decoding.drafting import DynamicShape
-    from lantern_core.decoding.neighbors import build_neighbors
+    from lantern_core.decoding.trees.drafting import DynamicShape
+    from lantern_core.decoding.acceptance.neighbors import build_neighbors
     from lantern_core.decoding.sampling import make_generators
-    from lantern_core.decoding.speculative import SpeculativeConfig, speculative_generate
+    from lantern_core.decoding.trees.config import SpeculativeConfig
+    from lantern_core.decoding.trees.driver import speculative_generate
     from tiny_models import TINY_C2I, random_drafter, random_gpt
 
     calls = []

@@ -25,13 +25,14 @@ import torch
 
 # One case per distinct path of lantern_core/decoding through batching, the `auto` store and a reload:
 #   ar              the AR step (generate.py / ar_step.py), no `auto` choice
-#   lantern         the dynamic EAGLE-2 tree step (drafting.py DynamicShape, tree_step / tree_walk) with LANTERN's
-#                   delta relaxation (relaxation.py, neighbour table); tree="auto" is "dynamic" for it, no calibration
+#   lantern         the dynamic EAGLE-2 tree step (trees/drafting.py DynamicShape, trees/iteration.py,
+#                   trees/walk.py) with LANTERN's delta relaxation (acceptance/relaxation.py, neighbour table);
+#                   tree="auto" is "dynamic" for it, no calibration
 #   lantern_pp      the static tree step with the `auto` sub-tree calibration remembered across a reload
-#                   (speculative._auto_tree / choose_subtree, auto_store) and LANTERN++'s lambda relaxation
-#   sjd             1-D uncoupled Jacobi (inverse-CDF drafts and residual draws; jacobi.py), `auto` window
+#                   (trees.auto.auto_tree / choose_subtree, auto_store) and LANTERN++'s lambda relaxation
+#   sjd             1-D uncoupled Jacobi (inverse-CDF drafts and residual draws; jacobi/driver.py), `auto` window
 #   sjd_relaxed     1-D coupled Jacobi (per-position noise table) with relaxed (lambda) acceptance, `auto` window
-#   sjd_2d_relaxed  relaxed 2-D Jacobi: several row windows committing at their own fronts (jacobi_rows.py),
+#   sjd_2d_relaxed  relaxed 2-D Jacobi: several row windows committing at their own fronts (jacobi/rows.py),
 #                   `auto` geometry (choose_rows) remembered across a reload
 # Dropped (their path runs in a kept case): eagle2 -> lantern (same dynamic tree step and walk, exact instead of
 # delta acceptance); static_tree -> lantern_pp (same static tree step and `auto` sub-tree store, exact instead of
@@ -84,7 +85,8 @@ def test_batch_positions_and_reloads_keep_images(pack, node, mm, monkeypatch, mo
     model, drafter = load(pack, node)
     assert model is not old and model.gpt is not old.gpt  # new modules: nothing can be remembered on the old ones
     calibrations = []  # a second calibration would measure time again and may pick another tree / window
-    for module, name in (("speculative", "choose_subtree"), ("jacobi", "choose_window"), ("jacobi", "choose_rows")):
+    choosers = (("trees.auto", "choose_subtree"), ("jacobi.auto", "choose_window"), ("jacobi.auto", "choose_rows"))
+    for module, name in choosers:
         target = sys.modules[f"lantern_pack.lantern_core.decoding.{module}"]
         real = getattr(target, name)
         monkeypatch.setattr(target, name, lambda *a, _real=real, **k: calibrations.append(1) or _real(*a, **k))
@@ -94,9 +96,9 @@ def test_batch_positions_and_reloads_keep_images(pack, node, mm, monkeypatch, mo
 
 
 # Greedy, at the neutral setting of each relaxed rule (the relaxed code runs, and must accept what exact does):
-#   lantern delta 0         dynamic EAGLE-2 tree, relaxed greedy walk (tree_walk.relaxed_greedy_passes, delta)
+#   lantern delta 0         dynamic EAGLE-2 tree, relaxed greedy walk (trees.walk.relaxed_greedy_passes, delta)
 #   lantern_pp lambda 1     static `auto` tree, relaxed greedy walk (lambda)
-#   sjd_relaxed lambda 1    coupled 1-D Jacobi, relaxed greedy verdict (jacobi_step)
+#   sjd_relaxed lambda 1    coupled 1-D Jacobi, relaxed greedy verdict (jacobi.judge)
 #   sjd                     uncoupled 1-D Jacobi, exact greedy verdict
 # Dropped: eagle2 -> lantern delta 0 (same dynamic tree step; exact greedy walk: tests/core/test_speculative.py
 # test_greedy_speculation_equals_greedy_ar[eagle2-*]); static_tree -> lantern_pp lambda 1 (same static tree step;
@@ -118,7 +120,7 @@ def test_lossless_settings_give_greedy_ar_images(pack, node, mode, overrides):
 
 
 def test_batch_images_equal_single_runs_pixel_for_pixel(pack, node):
-    """Issue 26 item 8: image i of a batch, through Lantern: Sampler and Lantern: Decode, is the single run
+    """Image i of a batch, through Lantern: Sampler and Lantern: Decode, is the single run
     with seed + i down to the last bit of the IMAGE tensor (a batched VQ decode differed by up to 1/255)."""
     model, _ = load(pack, node)
     dec = node["LanternDecodingConfig"].execute(mode="sjd_coupled", drafter=None,

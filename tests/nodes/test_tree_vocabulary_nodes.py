@@ -1,4 +1,4 @@
-"""A tree wider than the model's vocabulary through the nodes (issue 26 item 5): a 3-code c2i model placed in
+"""A tree wider than the model's vocabulary through the nodes: a 3-code c2i model placed in
 the models/lantern folders, its drafter loaded by Lantern: Load Drafter; the sampler refuses naive_extend_57
 (5 children at the root) and an EAGLE-2 top_k of 4 with the pack's ConfigError naming the tree, the widest
 node's child count and the vocabulary size (the message ComfyUI shows), never torch's "selected index k out

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .acceptance import accept_siblings
-from .relaxation import Relaxation, relax
-from .sampling import sample_from_probs
-from .step_graphs import may_read_host
+from ..acceptance.relaxation import Relaxation, relax
+from ..acceptance.siblings import accept_siblings
+from ..sampling import sample_from_probs
+from ..step_graphs import may_read_host
 
 
 @dataclass

@@ -18,293 +18,23 @@ image can take (each advances at least one token), picked by the image's own ite
 iteration launches a generator call and no draw depends on a verdict the host would have to read. Every
 tensor carries the G images of a batch: each image has its own window position, drafts, width and verdict,
 and advances on its own in the static KV cache; an image that is done keeps running (static shapes) with its
-length frozen and nothing kept or counted. The decode loop, prefill, window choice and the rules'
-documentation live in `jacobi.py`.
+length frozen and nothing kept or counted. The decode loop and prefill are in `jacobi/batch.py`,
+the window choice in `jacobi/auto.py`, the rules' documentation in `jacobi/driver.py`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
-
 import torch
 
-from ..config import SamplingConfig
-from ..models.gpt import ForwardStep, ImageTransformer
-from ..models.kv_cache import KVCache, attention_mask, keep_rows
-from .acceptance import absorbed_set, normalise
-from .drafting import per_row, row_list
-from .jacobi_proactive import LeafBuffers, draw_leaves, judge_with_leaves, move_leaf_key
-from .jacobi_rows import RowLanes, raster_mask, row_lanes
-from .relaxation import group_mass, relax
-from .sampling import sample_from_probs
-from .step_graphs import SLOT_BUCKET, band_starts, band_window
-from .tree_attention import window_mask
-
-DRAWN_INITS = ("random", "sample_left")  # initialisations that draw fresh tokens (the repeat ones copy)
-
-
-@dataclass(frozen=True)
-class JacobiShape:
-    """What fixes an iteration's shapes and code: rows (G images, [cond G; uncond G] with CFG), cache slots,
-    image tokens, the sampling settings, and the `JacobiConfig` (with an integer window) whose rule it bakes
-    in."""
-
-    rows: int
-    slots: int
-    image_tokens: int
-    sampling: SamplingConfig
-    config: Any  # jacobi.JacobiConfig with an int window
-    stride: int = 0  # tokens per image row (the model's row stride); needed when config.rows > 1
-
-    @property
-    def window(self) -> int:
-        return self.config.window
-
-    @cached_property
-    def far_starts(self) -> tuple[int, ...]:
-        """Offsets past the frontier where the lower rows' windows start (empty for 1-D Jacobi)."""
-        if self.config.rows == 1 or self.config.row_commit:  # row fronts move on their own (`jacobi_rows.py`)
-            return ()
-        return self.config.far_starts(self.window, self.stride)
-
-    @property
-    def lower(self) -> int:
-        """Lower-row windows per image (rows - 1)."""
-        return self.config.rows - 1
-
-    @property
-    def row_commit(self) -> bool:
-        return self.config.row_commit and self.lower > 0
-
-    @property
-    def drafts(self) -> int:
-        """Drafts per image per iteration: the frontier's W and every lower-row window's."""
-        return self.window + self.lower * self.config.row_window
-
-    @property
-    def tree_depth(self) -> int:
-        """Positions past the frontier with proactive candidates (0: proactive drafting off)."""
-        return self.config.tree_depth(self.window)
-
-    @property
-    def leaves(self) -> int:
-        """Proactive drafting's extra candidates per image per forward (`jacobi_proactive.py`)."""
-        return self.config.leaves(self.window)
-
-    @property
-    def queries(self) -> int:
-        """Tokens one forward feeds per image: the last emitted token, the W frontier drafts, each lower
-        window's left neighbour and its drafts but the last (a query predicts the next position), and the
-        proactive leaves."""
-        return self.window + 1 + self.lower * self.config.row_window + self.leaves
-
-    @property
-    def horizon(self) -> int:
-        """Positions past the frontier whose latest prediction is kept (offsets 0 .. horizon - 1)."""
-        if self.row_commit:  # a lower lane predicts at most rows x stride - 1 past the frontier
-            return max(self.window + 1, self.config.rows * self.stride)
-        far = [start + self.config.row_window for start in self.far_starts]
-        return max([self.window + 1, *far])
-
-    @property
-    def extent(self) -> int:
-        """Cache slots one forward writes past the committed length: its queries' (contiguous), or with
-        `row_commit` up to the furthest raster slot a lower lane writes."""
-        return self.horizon + 1 if self.row_commit else self.queries
-
-    @property
-    def draft_noise(self) -> int:
-        """Uniforms one refill consumes: one per draft, and with continuation one more per draft (the test
-        whether the current draft is kept)."""
-        return self.drafts * (2 if self.config.continuation else 1)
-
-    @property
-    def noise_width(self) -> int:
-        """Uniforms one iteration consumes: the refill's, the judge's W + 1, then with `row_commit` one per
-        lower-row draft (its acceptance test), or one per proactive leaf (its test)."""
-        lower = self.lower * self.config.row_window if self.row_commit else 0
-        return self.draft_noise + self.window + 1 + lower + self.leaves
-
-    @property
-    def images(self) -> int:
-        """G: images decoded together."""
-        return self.rows // 2 if self.sampling.uses_cfg else self.rows
-
-
-def jacobi_window(length: int, shape: JacobiShape, exact: bool, whole: bool = False) -> tuple[int, int]:
-    """(band start, keys) for the forward at committed `length`: exactly length + W + 1 keys (devices that never
-    capture), the whole cache (`whole`: one variant for an Inductor-compiled iteration), or rounded so one value
-    serves every length of a `SLOT_BUCKET`-wide band; the start is where a capture of that band warms up."""
-    extent = shape.extent
-    if exact:
-        return length, length + extent
-    if whole:
-        return 0, shape.slots
-    return length // SLOT_BUCKET * SLOT_BUCKET, band_window(length, extent, shape.slots)
-
-
-def jacobi_bands(shape: JacobiShape) -> list[tuple[int, int]]:
-    """Every bucketed variant a cache of `shape.slots` slots can use (one captured graph each)."""
-    return [jacobi_window(start, shape, exact=False) for start in band_starts(shape.slots - shape.queries)]
-
-
-@dataclass
-class RowState:
-    """What `row_commit` adds to a Jacobi state: which cells are committed, the lower drafts' laws, and which
-    lower-row keys hold a committed token."""
-
-    fixed: torch.Tensor  # (G, padded) bool committed cells (the frontier's emitted ones and the lower rows')
-    q: torch.Tensor  # (G, (R-1) w, V) the law each lower draft was drawn from
-    proposed: torch.Tensor  # (G, (R-1) w) bool drawn from the model's own prediction (relaxable)
-    ahead_ok: torch.Tensor  # (rows, slots) bool keys past the frontier that hold a committed token
-    commits: torch.Tensor  # (R-1,) long tokens committed by each lower window (run total)
-
-    @classmethod
-    def allocate(cls, shape: JacobiShape, vocab: int, padded: int, device: torch.device) -> "RowState":
-        G, D = shape.images, shape.lower * shape.config.row_window
-        return cls(fixed=torch.zeros(G, padded, dtype=torch.bool, device=device),
-                   q=torch.full((G, D, vocab), 1.0 / vocab, device=device),
-                   proposed=torch.zeros(G, D, dtype=torch.bool, device=device),
-                   ahead_ok=torch.zeros(shape.rows, shape.slots, dtype=torch.bool, device=device),
-                   commits=torch.zeros(shape.lower, dtype=torch.long, device=device))
-
-    def start_image(self) -> None:
-        self.fixed.zero_()
-        self.fixed[:, 0] = True  # the first token, drawn after the prefill
-        self.ahead_ok.zero_()
-
-    def select(self, images: list[int], keep: torch.Tensor, rows: torch.Tensor) -> "RowState":
-        """Images `images` (`keep` on the device; their batch rows `rows`) only; the laws compacted in place."""
-        return RowState(self.fixed.index_select(0, keep), keep_rows(self.q, images),
-                        self.proposed.index_select(0, keep), self.ahead_ok.index_select(0, rows), self.commits)
-
-
-@dataclass
-class JacobiState:
-    """The static tensors of one Jacobi run shape (G images), allocated once and reused across batches."""
-
-    cache: KVCache  # (L, rows, H_kv, slots, D)
-    key_valid: torch.Tensor  # (rows, slots) bool
-    length: torch.Tensor  # (rows,) long committed slots per row
-    done: torch.Tensor  # (G,) long image tokens emitted
-    canvas: torch.Tensor  # (G, N + 2H + 2) long: emitted tokens, then the current drafts (H: horizon)
-    per_cell: torch.Tensor  # (G, N + 2H + 2) int32
-    drafts: torch.Tensor  # (G, W) long the frontier's drafts
-    q: torch.Tensor  # (G, W, V) the distribution each frontier draft was drawn from
-    proposed: torch.Tensor  # (G, W) bool: drawn from the model's own prediction (relaxable)
-    ahead: torch.Tensor  # (G, H + 1, V) a ring: the latest prediction for position P in row P mod H (H: discards)
-    held: torch.Tensor  # (G, H + 1) long the position whose prediction each row holds (-1: none)
-    last_p: torch.Tensor  # (G, V) the last frontier row's prediction (sample_left's law)
-    drawn: torch.Tensor | None  # continuation: (G, H + 1, V) ring of the law each position's current draft came from
-    drawn_at: torch.Tensor | None  # continuation: (G, H + 1) long the position each `drawn` row is for (-1: none)
-    uniforms: torch.Tensor  # (G, N, noise_width) per image, row t: iteration t's draft then judge (W + 1) uniforms
-    iteration: torch.Tensor  # (G,) long iterations each image has taken (its row of `uniforms`)
-    uniform_q: torch.Tensor  # (drafts, V) 1 / V, the random initialisation's law
-    gumbel: torch.Tensor | None  # (G, N + H, V) per-position noise of coupled drafts and proactive leaves, per image
-    neighbors: torch.Tensor | None
-    histogram: torch.Tensor  # (G, W + 1) long iterations by drafts accepted, per image
-    absorbed: torch.Tensor  # (2,) relaxed / grouped mass: sum and max over accepted drafts
-    relaxed: torch.Tensor  # () long
-    rows: "RowState | None" = None  # row_commit only
-    tree: LeafBuffers | None = None  # proactive drafting only
-    forwards_per_iteration: int = 0  # drafter forwards (none)
-
-    @classmethod
-    def allocate(cls, model: ImageTransformer, shape: JacobiShape, neighbors: torch.Tensor | None) -> "JacobiState":
-        device = model.tok_embeddings.weight.device
-        N, V, W, G = shape.image_tokens, model.config.vocab_size, shape.window, shape.images
-        H = shape.horizon
-        shape.far_starts  # noqa: B018 -- cached here, never first inside a compiled iteration (its lock)
-        long = dict(dtype=torch.long, device=device)
-        noisy = (shape.config.coupled or shape.leaves > 0) and not shape.sampling.greedy  # Gumbel-drawn drafts or leaves
-        padded = N + 2 * H + 2 + shape.queries  # row_commit parks idle lanes' drafts past N + 2H
-        return cls(
-            cache=model.allocate_cache(shape.rows, shape.slots),
-            key_valid=torch.ones(shape.rows, shape.slots, dtype=torch.bool, device=device),
-            length=torch.zeros(shape.rows, **long), done=torch.ones(G, **long), canvas=torch.zeros(G, padded, **long),
-            per_cell=torch.ones(G, padded, dtype=torch.int32, device=device), drafts=torch.zeros(G, W, **long),
-            q=torch.full((G, W, V), 1.0 / V, device=device),
-            proposed=torch.zeros(G, W, dtype=torch.bool, device=device),
-            ahead=torch.full((G, H + 1, V), 1.0 / V, device=device),
-            held=torch.full((G, H + 1), -1, **long),
-            last_p=torch.full((G, V), 1.0 / V, device=device),
-            drawn=torch.full((G, H + 1, V), 1.0 / V, device=device) if shape.config.continuation else None,
-            drawn_at=torch.full((G, H + 1), -1, **long) if shape.config.continuation else None,
-            uniforms=torch.full((G, N, shape.noise_width), 0.5, device=device),
-            iteration=torch.zeros(G, **long), uniform_q=torch.full((shape.drafts, V), 1.0 / V, device=device),
-            gumbel=torch.zeros(G, N + H, V, device=device) if noisy else None,
-            neighbors=None if neighbors is None else torch.zeros_like(neighbors),
-            histogram=torch.zeros(G, W + 1, **long), absorbed=torch.zeros(2, device=device),
-            relaxed=torch.zeros((), **long),
-            rows=RowState.allocate(shape, V, padded, device) if shape.row_commit else None,
-            tree=LeafBuffers.allocate(shape, G, device) if shape.leaves else None)
-
-    def reset_counters(self) -> None:
-        for t in (self.histogram, self.absorbed, self.relaxed):
-            t.zero_()
-        if self.rows is not None:
-            self.rows.commits.zero_()
-
-    def start_image(self, prefix_len: int, first: torch.Tensor, first_p: torch.Tensor) -> None:
-        """After the prefill and the first tokens `first` (G,): the first refill initialises all W positions (no
-        carried rows) and `sample_left` draws them from the first predictions `first_p` (G, V)."""
-        self.canvas.zero_()
-        self.canvas[:, 0] = first.reshape(-1)
-        self.per_cell.fill_(1)
-        self.length.fill_(prefix_len)
-        self.done.fill_(1)
-        self.held.fill_(-1)
-        if self.drawn_at is not None:
-            self.drawn_at.fill_(-1)
-        self.iteration.zero_()
-        self.last_p.copy_(first_p)
-        if self.rows is not None:
-            self.rows.start_image()
-
-    def reset_for_warmup(self, start: int) -> None:
-        self.start_image(start, torch.zeros_like(self.done), self.last_p.clone())
-
-    def select(self, images: list[int], guided: bool) -> "JacobiState":
-        """The state of images `images` (ascending) only (their cache rows, windows, noise and counters; the
-        run totals carried over): a smaller batch for devices that run eagerly (see `TreeState.select`). Every
-        per-image buffer is compacted in place (`kv_cache.keep_rows`): this state must not be used after."""
-        G, device = self.done.shape[0], self.done.device
-        keep = torch.tensor(images, dtype=torch.long, device=device)
-        row_ids = row_list(images, G, guided)
-        rows = torch.tensor(row_ids, dtype=torch.long, device=device)
-        pick = lambda t: None if t is None else keep_rows(t, images)  # noqa: E731
-        return JacobiState(
-            cache=self.cache.keep_rows(row_ids), key_valid=self.key_valid.index_select(0, rows),
-            length=self.length.index_select(0, rows), done=pick(self.done), canvas=pick(self.canvas),
-            per_cell=pick(self.per_cell), drafts=pick(self.drafts), q=pick(self.q), proposed=pick(self.proposed),
-            ahead=pick(self.ahead), held=pick(self.held), last_p=pick(self.last_p), drawn=pick(self.drawn),
-            drawn_at=pick(self.drawn_at), uniforms=pick(self.uniforms), iteration=pick(self.iteration),
-            uniform_q=self.uniform_q, gumbel=pick(self.gumbel), neighbors=self.neighbors,
-            histogram=pick(self.histogram), absorbed=self.absorbed, relaxed=self.relaxed,
-            rows=None if self.rows is None else self.rows.select(images, keep, rows),
-            tree=None if self.tree is None else self.tree.select(keep))
-
-    def release(self) -> None:
-        self.cache.release()
-
-    @property
-    def nbytes(self) -> int:
-        return self.cache.nbytes
-
-
-@dataclass
-class JacobiContext:
-    model: ImageTransformer
-    shape: JacobiShape
-    dist: Any  # speculative.NodeDistributions of the run
-
-    def target(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """(rows, n, V) logits, image-token indices (n,) or (G, n) -> (G, n, V) what the sampler samples from
-        (softmax of the CFG mix when greedy)."""
-        if self.shape.sampling.greedy:
-            return self.dist.combine(logits, index).softmax(-1)
-        return self.dist(logits, index)
+from ...models.gpt import ForwardStep, ImageTransformer
+from ...models.kv_cache import KVCache, attention_mask, window_mask
+from ..acceptance.siblings import normalise
+from ..batching import per_row
+from ..sampling import sample_from_probs
+from .judge import judge_run
+from .proactive import draw_leaves, judge_with_leaves, move_leaf_key
+from .rows import RowLanes, raster_mask, row_lanes
+from .shape import DRAWN_INITS, JacobiShape, draft_offsets, query_blocks, query_offsets
+from .state import JacobiContext, JacobiState
 
 
 def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions: torch.Tensor,
@@ -336,40 +66,6 @@ def position_noise(state: JacobiState, positions: torch.Tensor) -> torch.Tensor:
     """(G, D, V) the per-image Gumbel rows of image positions (G, D) (past the table: its last row)."""
     V = state.gumbel.shape[-1]
     return state.gumbel.gather(1, positions.clamp(max=state.gumbel.shape[1] - 1)[..., None].expand(-1, -1, V))
-
-
-def draft_offsets(shape: JacobiShape, device: torch.device) -> torch.Tensor:
-    """(drafts,) offsets past the frontier of every draft: the frontier's 0 .. W-1, then each lower-row
-    window's, row by row."""
-    return _offsets(shape, device, shape.window)
-
-
-def query_offsets(shape: JacobiShape, device: torch.device) -> torch.Tensor:
-    """(queries,) the offset each query predicts: query i reads the token at offset i - 1 (the frontier's
-    first reads the last emitted token) and predicts offset i; the frontier's W + 1, then the lower windows'."""
-    return _offsets(shape, device, shape.window + 1)
-
-
-def _offsets(shape: JacobiShape, device: torch.device, frontier: int) -> torch.Tensor:
-    """0 .. frontier - 1, then offset j x (row stride + row_offset) + c of every lower window j, column c."""
-    ahead = torch.arange(frontier, device=device)
-    if not shape.far_starts:
-        return ahead
-    step = shape.stride + shape.config.column_offset
-    rows = torch.arange(1, len(shape.far_starts) + 1, device=device)
-    cols = torch.arange(shape.config.row_window, device=device)
-    return torch.cat([ahead, (rows[:, None] * step + cols[None]).reshape(-1)])  # (R-1, w) -> flat
-
-
-def query_blocks(shape: JacobiShape, device: torch.device) -> torch.Tensor:
-    """(queries,) the window each query belongs to: 0 for the frontier's, j for row j's; with `row_causal` a
-    lower window's queries see the committed tokens and their own window only (they propose, nothing more)."""
-    frontier = torch.zeros(shape.window + 1, dtype=torch.long, device=device)
-    if not shape.lower:
-        return frontier
-    rows = torch.arange(1, shape.lower + 1, device=device)
-    far = rows[:, None].expand(-1, shape.config.row_window).reshape(-1)  # (R-1) x w -> flat
-    return torch.cat([frontier, far])
 
 
 def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor, lanes: RowLanes | None = None) -> None:
@@ -447,74 +143,6 @@ def keep_predictions(shape: JacobiShape, state: JacobiState, p: torch.Tensor, po
     state.ahead.scatter_(1, row[..., None].expand(-1, -1, V), p)
     state.held.scatter_(1, row, positions)
     state.last_p.copy_(p.gather(1, width[:, None, None].expand(-1, 1, V))[:, 0])
-
-
-def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Where a rejected draft's position is resampled from: normalise(max(0, p - q)) (p if that is empty)."""
-    return normalise((p - q).clamp(min=0), p)
-
-
-@dataclass
-class StaticVerdict:
-    accepted: torch.Tensor  # (G,) long leading drafts accepted (<= the active width)
-    token: torch.Tensor  # (G,) the token after them
-    gain: torch.Tensor  # (G, W) relaxed / grouped mass each accepted draft used, 0 elsewhere
-
-
-def judge_run(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, uniforms: torch.Tensor | None,
-              width: torch.Tensor, config, neighbors: torch.Tensor | None, relaxable: torch.Tensor | None = None,
-              greedy: bool = False, forced: torch.Tensor | None = None, with_token: bool = True) -> StaticVerdict:
-    """For G windows: p (G, W+1, V) target at each window position, q (G, W, V) the drafts' distributions,
-    drafts (G, W), uniforms (G, >= width+1): the acceptance tests of every position at once, drafts past
-    `width` ((G,) long) never accepted, then the leading run and the token after it: the residual
-    max(0, p - q) at a rejection (with LANTERN's absorbed set carved out of q), p itself after the whole run.
-    Relaxed / grouped rules apply where `relaxable` (G, W) is True (default everywhere); other positions are
-    judged exactly; `forced` (G, W) positions (already committed) pass. Without `with_token` (p then may hold
-    W rows) no token is drawn: `token` is the run itself. No host read."""
-    G, W = drafts.shape
-    V = p.shape[-1]
-    device = p.device
-    cols = torch.arange(W, device=device)
-    flat_p, flat_q, flat_x = p[:, :W].reshape(G * W, V), q.reshape(G * W, V), drafts.reshape(-1)  # (G*W, ...)
-    gain = torch.zeros(G, W, dtype=p.dtype, device=device)
-    count = None
-    if greedy:
-        ok = drafts == p[:, :W].argmax(-1)
-    else:
-        target = flat_p.gather(1, flat_x[:, None]).view(G, W)
-        draft = flat_q.gather(1, flat_x[:, None]).view(G, W)
-        if relaxable is None:
-            relaxable = torch.ones(G, W, dtype=torch.bool, device=device)
-        if config.relaxation is not None:
-            mass = relax(flat_p, flat_x, neighbors, config.relaxation)
-            count = torch.where(relaxable, mass.count.view(G, W), torch.zeros_like(drafts))
-            gain = torch.where(relaxable, mass.absorbed.view(G, W), gain)
-            target = target + gain
-        elif config.grouping is not None:
-            group = group_mass(flat_p, flat_q, flat_x, neighbors, config.grouping)
-            exact_target = target
-            target = torch.where(relaxable, group.target.view(G, W), target)
-            draft = torch.where(relaxable, group.draft.view(G, W), draft)
-            gain = target - exact_target
-        ok = uniforms[:, :W] * draft < target  # u < target / draft without dividing (draft > 0 for a drawn token)
-    if forced is not None:
-        ok = ok | forced
-    ok = ok & (cols < width[:, None])
-    a = ok.long().cumprod(1).sum(1)  # (G,) the leading run
-    if not with_token:
-        return StaticVerdict(a, a, torch.where(cols < a[:, None], gain, torch.zeros_like(gain)))
-    p_a = p.gather(1, a[:, None, None].expand(-1, 1, V))[:, 0]  # (G, V)
-    if greedy:
-        token = p_a.argmax(-1)
-    else:
-        at = a.clamp(max=W - 1)[:, None]  # (G, 1)
-        q_row = q.gather(1, at[..., None].expand(-1, 1, V))[:, 0]  # (G, V)
-        if count is not None and config.relaxation.k > 0:  # LANTERN: the absorbed set leaves q, as in the tree walk
-            q_row = q_row.masked_fill(absorbed_set(drafts.gather(1, at)[:, 0], count.gather(1, at)[:, 0], neighbors,
-                                                   config.relaxation.k, V), 0.0)
-        probs = torch.where((a < width)[:, None], residual_distribution(p_a, q_row), p_a)
-        token = sample_from_probs(probs, uniforms.gather(1, width.clamp(min=0)[:, None])[:, 0])
-    return StaticVerdict(a, token, torch.where(cols < a[:, None], gain, torch.zeros_like(gain)))
 
 
 def forward_window(model: ImageTransformer, state, feed: torch.Tensor, window: int | None = None,
@@ -643,7 +271,7 @@ def _advance(state: JacobiState, a: torch.Tensor, active: torch.Tensor, gain: to
 
 
 def _row_front_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> None:
-    """`jacobi_iteration` with `row_commit` (relaxed 2-D, `jacobi_rows.py`): the frontier's window as in 1-D
+    """`jacobi_iteration` with `row_commit` (relaxed 2-D, `jacobi/rows.py`): the frontier's window as in 1-D
     Jacobi (committed cells it reaches pass as forced drafts), plus a window at the front of each of the next
     rows - 1 image rows, all in one forward with keys at raster slots. The frontier judges its run exactly;
     each lower window judges its live lanes against the prediction it sees (no residual, no bonus token) and

@@ -7,7 +7,7 @@ pairs, `expand` runs tree nodes against the cached prefix plus their ancestors. 
 come from the same CFG + filters the target uses, as log-probabilities: children are drawn without
 replacement by a Gumbel race in the log domain, so a sibling after one that held almost all of q is
 still drawn from q's true conditional, however far below float32's range its mass is. Verification is in
-`tree_walk.py`; the decode loop in `speculative.py`. Everything stays on the device: no host syncs.
+`trees/walk.py`; the decode loop in `trees/batch.py`. Everything stays on the device: no host syncs.
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from typing import Protocol
 
 import torch
 
-from ..models.drafter import EagleDrafter
-from ..models.gpt import ForwardStep, ImageTransformer
-from ..models.kv_cache import attention_mask
+from ...models.drafter import EagleDrafter
+from ...models.gpt import ForwardStep, ImageTransformer
+from ...models.kv_cache import attention_mask, window_mask
+from ..batching import per_row
 from .prefix_states import drafter_key_valid
-from .tree import TreeBuffers, TreeSpec, build_tree_buffers
-from .tree_attention import window_mask
+from .specs import TreeBuffers, TreeSpec, build_tree_buffers
 
 
 class NodeDistribution(Protocol):
@@ -148,17 +148,6 @@ def prefix_inputs(drafter: EagleDrafter, model, prefix_ids: torch.Tensor | None,
         return tokens, None
     prompt = model.embed_prompt(prefix_ids[:, 1:])  # (rows, T-1, dim): embedding of token s+1 at slot s
     return tokens, torch.cat([prompt, drafter.embed_tokens(tokens[:, -1:]).to(prompt.dtype)], dim=1)
-
-
-def row_list(images: list[int], count: int, guided: bool) -> list[int]:
-    """Batch rows of images `images` out of `count` ([cond count; uncond count] when `guided`)."""
-    return list(images) + ([count + g for g in images] if guided else [])
-
-
-
-def per_row(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """Per-tree tensor (G, ...) -> per-row (rows, ...): rows are [cond trees; uncond trees] with CFG."""
-    return x.repeat(rows // x.shape[0], *([1] * (x.dim() - 1)))
 
 
 def sample_without_replacement(log_q: torch.Tensor, count: int, generator: torch.Generator | None,

@@ -1,4 +1,4 @@
-"""Proactive drafting at the Jacobi frontier (issue 28 item 3; SJD-PAC's tree at the rejection point, in our
+"""Proactive drafting at the Jacobi frontier (SJD-PAC's tree at the rejection point, in our
 own construction): K candidates instead of one at each of the first D positions past the frontier, verified
 in the same forward and judged by recursive rejection sampling, so the frontier stays exact.
 
@@ -12,12 +12,12 @@ no other query sees them. The leaves are drafted every iteration (static shapes)
 right after a rejection or a bonus token, so the first D positions are where the last window stopped.
 
 Judge: at depth d < D the K candidates are tested in rank order, each against the residual the earlier ones
-left, with q minus the earlier candidates as its law (`acceptance.accept_siblings`); candidate 0's test is the
+left, with q minus the earlier candidates as its law (`acceptance.siblings.accept_siblings`); candidate 0's test is the
 plain Jacobi test. The chain's run of candidate-0 acceptances ends at a. If a < D and a leaf at depth a
 passes, it is committed, its key copied into the chain's slot a + 1, and the token after it drawn from the
 leaf's own prediction; if none passes, the token is drawn from the residual after all K. Past depth D the
 plain rule holds. Exact rules only (no LANTERN / GSD relaxation), on the 1-D and lossless 2-D windows; not
-with row commits. Drafting of the chain, the forward and the emission live in `jacobi_step.py`.
+with row commits. Drafting of the chain, the forward and the emission live in `jacobi/iteration.py`.
 """
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.kv_cache import KVCache
-from .acceptance import accept_siblings, normalise
-from .drafting import per_row
-from .sampling import sample_from_probs
+from ...models.kv_cache import KVCache
+from ..acceptance.siblings import accept_siblings, normalise
+from ..batching import per_row
+from ..sampling import sample_from_probs
+from .shape import query_blocks, query_offsets
 
 
 @dataclass
@@ -41,7 +42,6 @@ class LeafBuffers:
 
     @classmethod
     def allocate(cls, shape, images: int, device: torch.device) -> "LeafBuffers":
-        from .jacobi_step import query_blocks, query_offsets  # the chain's layout (no import cycle at load)
         base = query_offsets(shape, device)  # (Q0,) the frontier's and the lower windows' queries
         Q0, S = base.numel(), shape.leaves
         depth = leaf_depths(shape, device)  # (S,)

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from ..models.gpt import ForwardStep, ImageTransformer
+from ...conditioning import Prefix
+from ...models.gpt import ForwardStep, ImageTransformer
 
 
 def hf_port_mask(key_valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -60,15 +61,16 @@ def hf_port_states(model: ImageTransformer, embeddings: torch.Tensor, key_valid:
     return model(embeddings, ForwardStep(positions, mask=hf_port_mask(key_valid, embeddings.dtype)))
 
 
-def drafter_features(model: ImageTransformer, embeddings: torch.Tensor, key_valid: torch.Tensor,
-                     hidden: torch.Tensor, convention: str) -> torch.Tensor:
-    """The features a drafter of `convention` reads over a prefix: `hidden` (rows, T, dim), the prefill's
-    states of the prefix `embeddings` (rows, T, dim) with `key_valid` (rows, T), its padded rows replaced
-    by the HF port's under "hf_port". Unpadded prefixes and "native" return `hidden` itself."""
-    if convention == "native" or bool(key_valid.all()):
+def drafter_features(model: ImageTransformer, prefix: Prefix, hidden: torch.Tensor, convention: str) -> torch.Tensor:
+    """The features a drafter of `convention` reads over `prefix`: `hidden` (rows, T, dim), the prefill's
+    states of the prefix, its padded rows replaced by the HF port's under "hf_port". Unpadded prefixes and
+    "native" return `hidden` itself. Whether the prefix is padded is `prefix.padded`, decided where the prefix
+    was built (`conditioning.prefix_shape`): no read of the key mask here, so the memory planner's dry run on
+    the meta device takes the same branch."""
+    if convention == "native" or not prefix.padded:
         return hidden
-    port = hf_port_states(model, embeddings, key_valid)
-    return torch.where(key_valid[..., None], hidden, port)  # valid rows: the prefill's own bits
+    port = hf_port_states(model, prefix.embeddings, prefix.key_valid)
+    return torch.where(prefix.key_valid[..., None], hidden, port)  # valid rows: the prefill's own bits
 
 
 def drafter_key_valid(convention: str, key_valid: torch.Tensor) -> torch.Tensor:

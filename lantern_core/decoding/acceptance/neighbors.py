@@ -18,7 +18,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-from ..errors import ConfigError
+from ...errors import ConfigError
+from ...layout import draftable_codes
 
 log = logging.getLogger(__name__)
 ROW_CHUNK = 1024  # rows of the distance matrix computed at once: bounds memory to ROW_CHUNK x V floats
@@ -78,3 +79,20 @@ def _read_valid(path: Path, key: str) -> torch.Tensor | None:
         log.warning("neighbour cache %s does not match its hashes: rebuilding it", path)
         return None
     return table
+
+
+def check_neighbors(k: int, neighbors: torch.Tensor | None, device: torch.device, config) -> torch.Tensor | None:
+    """The neighbour table on `device` when the acceptance reads k > 0 neighbours, else None. A relaxation
+    reading more latent neighbours than the target `config` has other codes is a ConfigError (tree and
+    Jacobi decoders alike), before any forward."""
+    if k == 0:
+        return None
+    V = draftable_codes(config)
+    if k > V - 1:
+        raise ConfigError("lantern_k", f"at most {V - 1} latent neighbours per token (the {V} codes less the "
+                          "token itself)", k, f"lower lantern_k (command line: --k) to at most {V - 1}")
+    if neighbors is None or neighbors.shape[1] < k:
+        raise ConfigError("neighbour table", f"a (V, >= {k}) table for lantern k",
+                          None if neighbors is None else tuple(neighbors.shape),
+                          "build it with lantern_core.decoding.neighbors.load_or_build_neighbors")
+    return neighbors.to(device)

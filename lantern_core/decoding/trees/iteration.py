@@ -15,7 +15,7 @@ before its first iteration (`sampling.fill_per_image`: one row per iteration the
 iteration by the image's own counter), and a sampled static tree's Exp(1) draws before each iteration
 (`draw_iteration_noise`: depth x siblings x vocabulary values per iteration, too many to hold for a whole
 image), so the same seed gives the same tokens eagerly and captured, and image g draws what a single run of it
-draws. The decode loop, prefill and tree choice live in `speculative.py`.
+draws. The decode loop and prefill are in `trees/batch.py`, the tree choice in `trees/auto.py`.
 """
 from __future__ import annotations
 
@@ -23,17 +23,18 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SamplingConfig
-from ..models.drafter import EagleDrafter
-from ..models.gpt import ImageTransformer
-from ..models.kv_cache import KVCache, keep_rows
-from .step_graphs import SLOT_BUCKET, band_starts, band_window
-from .drafting import (DraftTree, DrafterSession, DynamicShape, NodeDistribution, StaticPlan, draft_dynamic,
-                       draft_static, index_tensor, noise_shapes, per_row, row_list)
-from .relaxation import Relaxation
-from .tree import TreeSpec
-from .tree_attention import commit_padded_path, forward_tree
-from .tree_walk import WalkResult, walk_longest_path, walk_tree
+from ...config import SamplingConfig
+from ...models.drafter import EagleDrafter
+from ...models.gpt import ImageTransformer
+from ...models.kv_cache import KVCache, keep_rows
+from ..acceptance.relaxation import Relaxation
+from ..batching import per_row, row_list
+from ..step_graphs import SLOT_BUCKET, band_starts, band_window
+from .attention import commit_padded_path, forward_tree
+from .drafting import (DrafterSession, DraftTree, DynamicShape, NodeDistribution, StaticPlan, draft_dynamic,
+                       draft_static, index_tensor, noise_shapes)
+from .specs import TreeSpec
+from .walk import WalkResult, walk_longest_path, walk_tree
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ token's key, written in the forward that fed it, stays where a later lower query
 the committed prefix, the lower-row keys known to hold a committed token (`ahead_ok`), and the keys this
 forward writes: all of them at earlier slots (raster-causal) or its own window's only (`row_causal`). The
 frontier's queries sit before every lower key, so they see the exact causal context. This module computes
-geometry and masks only: the iteration that uses them is `jacobi_step.jacobi_iteration`.
+geometry and masks only: the iteration that uses them is `iteration.jacobi_iteration`.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def row_fronts(fixed: torch.Tensor, image_tokens: int, stride: int) -> torch.Ten
 
 def row_lanes(fixed: torch.Tensor, done: torch.Tensor, shape) -> RowLanes:
     """Where the windows of every image sit this iteration (see the module docstring). `shape` is a
-    `jacobi_step.JacobiShape` with `config.row_commit`."""
+    `shape.JacobiShape` with `config.row_commit`."""
     config, W, N, S = shape.config, shape.window, shape.image_tokens, shape.stride
     lower, w = config.rows - 1, config.row_window
     device, G = done.device, done.shape[0]

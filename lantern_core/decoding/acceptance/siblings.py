@@ -9,19 +9,19 @@ conditional q_j = q with x_1..x_{j-1} removed and renormalised:
 q arrives as log-probabilities and q_j is renormalised in the log domain (logsumexp over what is left):
 after a sibling holding almost all of q is rejected, what is left of q can be far below float32's
 normal range (1e-43 is common under CFG), and a probability-space renormalisation then loses the
-scale and accepts the next sibling with a wildly wrong ratio (issue 14).
+scale and accepts the next sibling with a wildly wrong ratio.
 Without relaxation p~ = p and q' = q_j: each round is standard speculative sampling between p_j and q_j,
 so the output is distributed exactly as p (recursive rejection sampling; EAGLE-1's static-tree rule).
 
 Deterministic siblings (dynamic EAGLE-2 trees, chosen by top-k): q_j is a point mass, so x_j is accepted
 with probability p~_j(x_j) and on rejection x_j is removed from the residual — again exact when p~ = p.
 
-LANTERN relaxation (`relaxation.py`): p~_j(x) = p_j(x) + mass of the absorbed neighbours A(x), computed
+LANTERN relaxation (`acceptance/relaxation.py`): p~_j(x) = p_j(x) + mass of the absorbed neighbours A(x), computed
 on the current residual. On rejection the absorbed set is carved out as in LANTERN's code: from q'
 (sampled: q' = q_j with A(x) zeroed) or from the residual (deterministic: x and A(x) zeroed). We carve
 out exactly A(x), not LANTERN's first k+1 neighbours (an off-by-one in the original); with delta = 0 or
 lambda = 1, A is empty and every rule is exact. If every sibling is rejected the caller samples from the
-returned residual. The tree walk that calls this per depth is in `tree_walk.py`.
+returned residual. The tree walk that calls this per depth is in `trees/walk.py`.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..step_graphs import may_read_host
 from .relaxation import Relaxation, relax
-from .step_graphs import may_read_host
 
 
 @dataclass

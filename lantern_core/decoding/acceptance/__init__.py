@@ -1,0 +1,9 @@
+"""How a drafted token is judged against the target, for every speculative decoder:
+
+* `siblings`: exact rejection sampling among a node's sampled or top-k children (recursive, with the
+  drafter's conditionals), and the carving of absorbed neighbours on rejection;
+* `relaxation`: LANTERN's relaxed law (a TVD budget delta, or LANTERN++'s bound lambda) and GSD's grouping;
+* `neighbors`: the latent-neighbour tables those rules read (built from the VQ codebook, cached on disk).
+
+May import the shared ground of `decoding/` and the library's top-level modules; never a decoder family.
+"""
