@@ -1,0 +1,171 @@
+"""Published MoVQ tokenizer weights onto `models.movq.MoVQModel`: Emu3's vision tokenizer in transformers'
+layout (`Emu3ForConditionalGeneration` checkpoints such as `BAAI/Emu3-Gen-hf`: keys `vqmodel.*` as published,
+`model.vqmodel.*` as transformers saves them today) with its `vq_config`, and MoVQGAN (`ai-forever/MoVQGAN`,
+Lumina-mGPT 2.0's tokenizer: flat taming-style keys, sizes read from the tensors).
+
+Only the decoder path is read (codebook, post_quant_conv, temporal front, decoder): encoder and quant_conv keys (and
+MoVQGAN's training losses) are recognised and left out on purpose, because the pack never encodes images; any other
+key, and any decoder key missing or of the wrong shape, is a CheckpointError naming it. Emu3's causal 3-D kernels
+become the 2-D kernels of their last temporal tap (`models/movq.py` says why frame 0 needs nothing else). This
+module does not read files.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError, ConfigError
+from ..models.movq import MoVQConfig, MoVQModel
+
+EMU3_PREFIXES = ("model.vqmodel.", "vqmodel.")
+SKIPPED = ("encoder.", "quant_conv.")  # the encoding path: not needed to decode
+
+
+def emu3_vq_config(vq: dict, where: str = "config.json vq_config") -> MoVQConfig:
+    """`MoVQConfig` from an Emu3 `vq_config` as published; a field it leaves out takes transformers'
+    `Emu3VQVAEConfig` default (as transformers' own loader does). The attention width must be the channel
+    count of the levels that attend (`hidden_size`), as in every release."""
+    def get(name: str, default):
+        return vq.get(name, default)
+
+    mult = tuple(int(m) for m in get("channel_multiplier", (1, 2, 2, 4)))
+    factor = int(get("temporal_downsample_factor", 4))
+    if factor < 1 or factor & (factor - 1):
+        raise ConfigError(f"{where}.temporal_downsample_factor", "a power of two", factor)
+    config = MoVQConfig(codebook_size=int(get("codebook_size", 32768)), embed_dim=int(get("embed_dim", 4)),
+                        z_channels=int(get("latent_channels", 4)), ch=int(get("base_channels", 256)), ch_mult=mult,
+                        num_res_blocks=int(get("num_res_blocks", 2)),
+                        attn_levels=tuple(int(a) for a in get("attn_resolutions", (3,))),
+                        temporal_blocks=int(get("num_res_blocks", 2)), temporal_upsamples=factor.bit_length() - 1)
+    width, heads = int(get("hidden_size", 1024)), int(get("num_attention_heads", 1))
+    attending = {config.ch * mult[level] for level in config.attn_levels} | {config.ch * mult[-1]}
+    if heads != 1 or attending != {width}:
+        raise ConfigError(f"{where}.hidden_size / num_attention_heads",
+                          f"one head as wide as the attending levels' channels {sorted(attending)}",
+                          {"hidden_size": width, "num_attention_heads": heads})
+    return config
+
+
+def _rename_emu3(key: str) -> str:
+    """transformers' decoder name -> ours (prefix already stripped)."""
+    rules = (
+        (r"^post_quant_conv\.conv\.", "post_quant_conv."),
+        (r"^quantize\.embedding\.", "embedding."),
+        (r"^decoder\.time_res_stack\.(\d+)\.(norm\d|conv\d)\.(?:conv\.)?", r"front.res.\1.\2."),
+        (r"^decoder\.time_conv\.(\d+)\.conv\.conv\.", r"front.up.\1."),
+        (r"^decoder\.middle_block\.block_(\d)\.", r"decoder.mid_block_\1."),
+        (r"^decoder\.middle_block\.attn_norm\.", "decoder.mid_attn.norm."),
+        (r"^decoder\.middle_block\.attn_1\.", "decoder.mid_attn."),
+        (r"^decoder\.up_block\.up\.(\d+)\.attn_norms\.(\d+)\.", r"decoder.up.\1.attn.\2.norm."),
+        (r"^decoder\.up_block\.up\.(\d+)\.upsample\.conv\.", r"decoder.up.\1.upsample."),
+        (r"^decoder\.up_block\.up\.(\d+)\.", r"decoder.up.\1."),
+    )
+    for pattern, replacement in rules:
+        key, n = re.subn(pattern, replacement, key)
+        if n:
+            break
+    for old, new in ((".q_proj.", ".q."), (".k_proj.", ".k."), (".v_proj.", ".v."), (".out_proj.", ".proj_out.")):
+        key = key.replace(old, new)
+    return key
+
+
+def emu3_vq_state(tensors: dict[str, torch.Tensor], source: str | Path) -> dict[str, torch.Tensor]:
+    """Our `MoVQModel` state from an Emu3 checkpoint's tensors in transformers' layout (`source` names the file
+    in errors). 3-D kernels keep their last temporal tap; attention projections become 1x1 convolutions."""
+    state: dict[str, torch.Tensor] = {}
+    for key, tensor in tensors.items():
+        prefix = next((p for p in EMU3_PREFIXES if key.startswith(p)), None)
+        if prefix is None:
+            continue  # the language model's weights
+        name = key[len(prefix):]
+        if name.startswith(SKIPPED):
+            continue
+        ours = _rename_emu3(name)
+        if tensor.dim() == 5:  # (out, in, t, kh, kw): frame 0 of a causal conv uses the last tap only
+            tensor = tensor[:, :, -1]
+        if re.search(r"\.(q|k|v|proj_out)\.weight$", ours) and tensor.dim() == 2:
+            tensor = tensor[:, :, None, None]  # Linear (C, C) -> 1x1 conv
+        state[ours] = tensor
+    if not state:
+        raise CheckpointError(source, "Emu3 vision-tokenizer weights (keys under vqmodel. or model.vqmodel.)",
+                              "none", "choose the Emu3 checkpoint folder as downloaded (BAAI/Emu3-Gen-hf)")
+    return state
+
+
+def load_emu3_vq(tensors: dict[str, torch.Tensor], vq: dict, source: str | Path,
+                 dtype: torch.dtype = torch.float32) -> MoVQModel:
+    """A strict load into a model of `dtype` (on the tensors' device)."""
+    return _strict(MoVQModel(emu3_vq_config(vq)).to(dtype), emu3_vq_state(tensors, source), source,
+                   "the Emu3 vision tokenizer's decoder weights as config.json vq_config sizes them",
+                   "config.json and the weights come from different models: download the folder again")
+
+
+def _strict(model: MoVQModel, state: dict[str, torch.Tensor], source: str | Path, what: str, fix: str) -> MoVQModel:
+    """Every decoder weight present, of its shape, and nothing unknown; else a CheckpointError naming them."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unknown = sorted(set(state) - set(expected))
+    if missing or unknown:
+        raise CheckpointError(source, what, f"{len(missing)} missing {missing[:6]}, {len(unknown)} unexpected "
+                              f"{unknown[:6]}", fix)
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise CheckpointError(source, f"{name} of shape {tuple(expected[name].shape)}", f"{tuple(tensor.shape)}",
+                                  fix)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+MOVQGAN_SKIPPED = ("encoder.", "quant_conv.", "loss.")  # the encoding path and the training losses
+
+
+def movqgan_config(tensors: dict[str, torch.Tensor], source: str | Path) -> MoVQConfig:
+    """The sizes of a MoVQGAN checkpoint (`ai-forever/MoVQGAN`'s `movqgan_*.ckpt`, flat keys as Lumina-mGPT 2.0
+    loads them), read from its tensors: codebook, channels per up level, blocks per level, which levels attend.
+    Nothing is assumed from the file name."""
+    def shape(name: str) -> tuple[int, ...]:
+        if name not in tensors:
+            raise CheckpointError(source, f"a MoVQGAN decoder ({name})", "no such tensor",
+                                  "choose movqgan_270M.ckpt as downloaded from ai-forever/MoVQGAN")
+        return tuple(tensors[name].shape)
+
+    levels = {int(m.group(1)) for k in tensors if (m := re.match(r"decoder\.up\.(\d+)\.", k))}
+    blocks = {int(m.group(1)) for k in tensors if (m := re.match(r"decoder\.up\.0\.block\.(\d+)\.", k))}
+    if not levels or levels != set(range(len(levels))) or not blocks:
+        raise CheckpointError(source, "a MoVQGAN decoder (decoder.up.0 .. decoder.up.N with resnet blocks)",
+                              f"up levels {sorted(levels)}",
+                              "choose movqgan_270M.ckpt as downloaded from ai-forever/MoVQGAN")
+    width = [shape(f"decoder.up.{level}.block.0.conv2.weight")[0] for level in range(len(levels))]
+    ch = width[0]
+    if any(w % ch for w in width):
+        raise CheckpointError(source, "up levels whose widths are multiples of level 0's", f"widths {width}",
+                              "choose movqgan_270M.ckpt as downloaded from ai-forever/MoVQGAN")
+    codebook, embed_dim = shape("quantize.embedding.weight")
+    return MoVQConfig(codebook_size=codebook, embed_dim=embed_dim, z_channels=shape("decoder.conv_in.weight")[1],
+                      ch=ch, ch_mult=tuple(w // ch for w in width), num_res_blocks=max(blocks),
+                      attn_levels=tuple(level for level in range(len(levels))
+                                        if f"decoder.up.{level}.attn.0.q.weight" in tensors))
+
+
+def movqgan_state(tensors: dict[str, torch.Tensor], source: str | Path) -> dict[str, torch.Tensor]:
+    """Our `MoVQModel` state from a MoVQGAN checkpoint's flat keys (taming-style names)."""
+    rules = ((r"^quantize\.embedding\.", "embedding."), (r"^decoder\.mid\.block_(\d)\.", r"decoder.mid_block_\1."),
+             (r"^decoder\.mid\.attn_1\.", "decoder.mid_attn."),
+             (r"^decoder\.up\.(\d+)\.upsample\.conv\.", r"decoder.up.\1.upsample."))
+    state = {}
+    for key, tensor in tensors.items():
+        if key.startswith(MOVQGAN_SKIPPED):
+            continue
+        for pattern, replacement in rules:
+            key, n = re.subn(pattern, replacement, key)
+            if n:
+                break
+        state[key] = tensor
+    return state
+
+
+def load_movqgan(tensors: dict[str, torch.Tensor], source: str | Path, dtype: torch.dtype = torch.float32) -> MoVQModel:
+    """A strict load of a MoVQGAN decoder (sizes from the tensors) into a model of `dtype`."""
+    return _strict(MoVQModel(movqgan_config(tensors, source)).to(dtype), movqgan_state(tensors, source), source,
+                   "MoVQGAN's decoder weights", "choose movqgan_270M.ckpt as downloaded from ai-forever/MoVQGAN")
