@@ -75,9 +75,15 @@ def family_config(family: str, size: str, grid: int | None = None) -> GPTConfig:
         base = shapes[("chameleon", size)]
         shapes[(family, size)] = {**base, "vocab_size": base["vocab_size"] + 1,
                                   "grid_size": 48 if size == "7b" else base["grid_size"]}
+    if family == "lumina2":  # Lumina-mGPT 2.0: a Chameleon-style decoder over MoVQGAN's 16,384 codes + the
+        # end-of-row code, 768 px = 96 x 96 codes; sizes as its code and a third-party config give them
+        base = shapes[("chameleon", size)]
+        shapes[(family, size)] = {**base, "vocab_size": 16384 + 1, "text_vocab_size": 171385 if size == "7b"
+                                  else base["text_vocab_size"] + 8192, "grid_size": 96 if size == "7b"
+                                  else base["grid_size"]}
     shape = {**shapes[(family, size)], **({"grid_size": grid} if grid else {})}
-    extra = dict(qk_norm=True, family="chameleon", row_end=family == "lumina") if family != "janus" else \
-        dict(image_embed_dim=8, family="janus")
+    extra = dict(qk_norm=True, family="chameleon", row_end=family in ("lumina", "lumina2")) if family != "janus" \
+        else dict(image_embed_dim=8, family="janus")
     return GPTConfig(**shape, **extra, model_type="prompt", rope_dims=1, cls_token_num=64)
 
 
