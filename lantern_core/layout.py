@@ -6,8 +6,8 @@ Chameleon head keeps that vocabulary row too). `constrain` applies Lumina's rule
 as its reference generator does before top-k: at end-of-row positions every other token is impossible
 (the forced token has probability 1, so every decoder accepts it), elsewhere the end-of-row token is.
 Every decoder calls it through `ImageTransformer.constrain_logits`, so AR, trees and Jacobi windows keep
-the layout without knowing about it. `image_codes` drops the end-of-row cells for the VQ decoder; `draftable_codes` counts the codes a draft can
-choose between.
+the layout without knowing about it. `image_codes` drops the end-of-row cells for the VQ decoder;
+`draftable_codes` counts the codes a draft can choose between.
 Models without forced tokens pass through untouched. This module does not sample or decode.
 """
 from __future__ import annotations

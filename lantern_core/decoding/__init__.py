@@ -16,14 +16,22 @@ Imports go one way: shared ground, then `acceptance/`, then the two families, wh
 other, then the modules over all of them (`tests/core/test_import_layers.py`). `speculative` and `tree`
 are the tree decoders' names at their older import paths.
 
-The speculative entry points are re-exported here; plain AR's `generate` stays in its module
+The speculative entry points are re-exported here, imported on first use (importing any module of the
+package does not load both families); plain AR's `generate` stays in its module
 (`lantern_core.decoding.generate.generate`, also `lantern_core.generate`), so that the name
 `lantern_core.decoding.generate` keeps meaning the module.
 """
-from ..config import SamplingConfig
-from .generate import GenerationResult
-from .jacobi import JacobiConfig, jacobi_generate
-from .trees import SpeculativeConfig, TreeSpec, speculative_generate
+import importlib
 
-__all__ = ["GenerationResult", "JacobiConfig", "SamplingConfig", "SpeculativeConfig", "TreeSpec", "jacobi_generate",
-           "speculative_generate"]
+_EXPORTS = {"SamplingConfig": "..config", "GenerationResult": ".generate", "JacobiConfig": ".jacobi",
+            "jacobi_generate": ".jacobi", "SpeculativeConfig": ".trees", "TreeSpec": ".trees",
+            "speculative_generate": ".trees"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value

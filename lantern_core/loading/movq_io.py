@@ -27,19 +27,17 @@ def emu3_vq_config(vq: dict, where: str = "config.json vq_config") -> MoVQConfig
     """`MoVQConfig` from an Emu3 `vq_config` as published; a field it leaves out takes transformers'
     `Emu3VQVAEConfig` default (as transformers' own loader does). The attention width must be the channel
     count of the levels that attend (`hidden_size`), as in every release."""
-    def get(name: str, default):
-        return vq.get(name, default)
-
-    mult = tuple(int(m) for m in get("channel_multiplier", (1, 2, 2, 4)))
-    factor = int(get("temporal_downsample_factor", 4))
+    mult = tuple(int(m) for m in vq.get("channel_multiplier", (1, 2, 2, 4)))
+    factor = int(vq.get("temporal_downsample_factor", 4))
     if factor < 1 or factor & (factor - 1):
         raise ConfigError(f"{where}.temporal_downsample_factor", "a power of two", factor)
-    config = MoVQConfig(codebook_size=int(get("codebook_size", 32768)), embed_dim=int(get("embed_dim", 4)),
-                        z_channels=int(get("latent_channels", 4)), ch=int(get("base_channels", 256)), ch_mult=mult,
-                        num_res_blocks=int(get("num_res_blocks", 2)),
-                        attn_levels=tuple(int(a) for a in get("attn_resolutions", (3,))),
-                        temporal_blocks=int(get("num_res_blocks", 2)), temporal_upsamples=factor.bit_length() - 1)
-    width, heads = int(get("hidden_size", 1024)), int(get("num_attention_heads", 1))
+    config = MoVQConfig(codebook_size=int(vq.get("codebook_size", 32768)), embed_dim=int(vq.get("embed_dim", 4)),
+                        z_channels=int(vq.get("latent_channels", 4)), ch=int(vq.get("base_channels", 256)),
+                        ch_mult=mult,
+                        num_res_blocks=int(vq.get("num_res_blocks", 2)),
+                        attn_levels=tuple(int(a) for a in vq.get("attn_resolutions", (3,))),
+                        temporal_blocks=int(vq.get("num_res_blocks", 2)), temporal_upsamples=factor.bit_length() - 1)
+    width, heads = int(vq.get("hidden_size", 1024)), int(vq.get("num_attention_heads", 1))
     attending = {config.ch * mult[level] for level in config.attn_levels} | {config.ch * mult[-1]}
     if heads != 1 or attending != {width}:
         raise ConfigError(f"{where}.hidden_size / num_attention_heads",

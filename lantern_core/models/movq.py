@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from .vq import square_grid
 
 
 @dataclass(frozen=True)
@@ -205,12 +206,7 @@ class MoVQModel(nn.Module):
 
     def decode(self, indices: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         """indices (B, h*w) -> images (B, 3, h*ds, w*ds) in about [-1, 1]; square grid by default."""
-        if grid is None:
-            side = int(round(indices.shape[1] ** 0.5))
-            if side * side != indices.shape[1]:
-                raise ValueError(f"decode: {indices.shape[1]} tokens is not a square grid; pass grid=(h, w)")
-            grid = (side, side)
-        zq = self.lookup(indices, grid)
+        zq = self.lookup(indices, grid or square_grid(indices.shape[1]))
         h = self.post_quant_conv(zq)
         if self.front is not None:
             both = self.front(torch.cat([h, zq.to(h.dtype)]))  # the front treats both alike

@@ -216,12 +216,15 @@ class VQModel(nn.Module):
     def decode(self, indices: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         """indices (B, h*w) -> images (B, 3, h*ds, w*ds) in about [-1, 1]. Square grid by default. One batched
         call: image i's last bits depend on B; `decode_images` gives batch-invariant pixels."""
-        if grid is None:
-            side = int(round(indices.shape[1] ** 0.5))
-            if side * side != indices.shape[1]:
-                raise ValueError(f"decode: {indices.shape[1]} tokens is not a square grid; pass grid=(h, w)")
-            grid = (side, side)
-        return self.decode_latents(self.quantize.lookup(indices, grid))
+        return self.decode_latents(self.quantize.lookup(indices, grid or square_grid(indices.shape[1])))
+
+
+def square_grid(tokens: int) -> tuple[int, int]:
+    """(side, side) for a square image of `tokens` codes; a ValueError when it is not a square."""
+    side = int(round(tokens ** 0.5))
+    if side * side != tokens:
+        raise ValueError(f"decode: {tokens} tokens is not a square grid; pass grid=(h, w)")
+    return side, side
 
 
 def decode_images(vq: VQModel, indices: torch.Tensor, grid: tuple[int, int] | None = None,

@@ -71,7 +71,7 @@ class JacobiShape:
         """Tokens one forward feeds per image: the last emitted token, the W frontier drafts, each lower
         window's left neighbour and its drafts but the last (a query predicts the next position), and the
         proactive leaves."""
-        return self.window + 1 + self.lower * self.config.row_window + self.leaves
+        return self.window + 1 + self.config.extra_drafts(self.window)
 
     @property
     def horizon(self) -> int:
