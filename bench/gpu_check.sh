@@ -32,10 +32,10 @@ STEPS="
 1 iteration_cost 100
 2 speculative     75
 2 batched         75
-2 families        90
+2 families       125
 2 prefix_states   30
 2 decode          25
-2 quantization   120
+2 quantization   115
 "
 
 case $PART in 1|2|all) ;; *) echo "PART must be 1, 2 or all (got '$PART')" >&2; exit 2 ;; esac
@@ -107,8 +107,9 @@ step_command() {  # CMD: step $1's command, with the GPU's arguments or (dry) ti
            sjd_2d_relaxed)
       tiny=(--images 1 --round 1 --batches 1 --only "lantern_pp") ;;
     families)
-      gpu=(--dtype bfloat16 --images 1 --grid 16 --models chameleon:7b lumina:7b janus:1b)
-      tiny=(--images 1 --grid 4 --train-steps 0 --models chameleon:micro lumina:micro janus:micro) ;;
+      gpu=(--dtype bfloat16 --images 1 --grid 16 --models chameleon:7b lumina:7b janus:1b emu3:8b lumina2:7b)
+      tiny=(--images 1 --grid 4 --train-steps 0 --models chameleon:micro lumina:micro janus:micro emu3:micro
+            lumina2:micro) ;;
     prefix_states)
       gpu=(--dtype bfloat16 --model GPT-XL --repeats 2)
       tiny=(--model tiny --grid 2 --repeats 1) ;;

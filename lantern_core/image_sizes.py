@@ -4,8 +4,12 @@ Lumina-mGPT draws the sizes of Alpha-VLLM's bucket list for its target size (768
 widths and heights in 32-pixel steps on the staircase of largest areas within target², aspect ratio at
 most 4, as its item processor builds them; its prompt names the size, and two forced size tokens carry the
 height and width in 32-pixel steps (`prompts.lumina_format`). Each 16-pixel VQ code is one token, each row
-closed by an end-of-row token. LlamaGen, Anole and Janus-Pro draw the one size their weights were trained
-at (their grid comes from the files). This module only computes sizes; loaders and nodes apply them.
+closed by an end-of-row token. Emu3 draws any aspect ratio at its config's `image_area` (518,400 px² for
+Emu3-Gen): its processor turns a ratio w:h into rows = round(h * t / 8), cols = round(w * t / 8) with
+t = sqrt(area / (w * h)) (Python's rounding, halves to even) and names the grid in the prompt; each 8-pixel
+code is one token, each row closed by an end-of-line token. LlamaGen, Anole and Janus-Pro draw the one size
+their weights were trained at (their grid comes from the files). This module only computes sizes; loaders and
+nodes apply them.
 """
 from __future__ import annotations
 
@@ -56,3 +60,33 @@ def lumina_grid(size: tuple[int, int]) -> tuple[int, int]:
         raise ConfigError("image_size", f"an aspect ratio of at most {LUMINA_MAX_RATIO:g}:1 for Lumina-mGPT",
                           format_size(size), "choose one of the listed sizes")
     return height // LUMINA_PATCH, width // LUMINA_PATCH
+
+
+EMU3_PATCH = 8  # pixels per code of Emu3's vision tokenizer (its spatial scale factor)
+EMU3_AREA = 518400  # Emu3-Gen's image_area (720 x 720)
+EMU3_RATIOS = ((1, 1), (4, 3), (3, 4), (3, 2), (2, 3), (16, 9), (9, 16), (21, 9), (9, 21))
+EMU3_MAX_RATIO = 4.0
+
+
+def emu3_ratio_grid(ratio: tuple[int, int], area: int = EMU3_AREA) -> tuple[int, int]:
+    """(rows, cols) Emu3's processor gives an aspect ratio (w, h) at `area` pixels."""
+    w, h = ratio
+    scale = (area / (w * h)) ** 0.5
+    return int(round(h * scale / EMU3_PATCH)), int(round(w * scale / EMU3_PATCH))
+
+
+def emu3_sizes(area: int = EMU3_AREA) -> list[tuple[int, int]]:
+    """(width, height) pixel sizes of the common aspect ratios at `area`, square first."""
+    return [(cols * EMU3_PATCH, rows * EMU3_PATCH) for rows, cols in (emu3_ratio_grid(r, area) for r in EMU3_RATIOS)]
+
+
+def emu3_grid(size: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) pixels -> (rows, cols) of Emu3's code grid, checking the 8-pixel steps."""
+    width, height = size
+    if width % EMU3_PATCH or height % EMU3_PATCH:
+        raise ConfigError("image_size", f"a width and height in {EMU3_PATCH}-pixel steps for Emu3 (one code per "
+                          f"{EMU3_PATCH} pixels)", format_size(size), "choose one of the listed sizes")
+    if max(width, height) > EMU3_MAX_RATIO * min(width, height):
+        raise ConfigError("image_size", f"an aspect ratio of at most {EMU3_MAX_RATIO:g}:1 for Emu3",
+                          format_size(size), "choose one of the listed sizes")
+    return height // EMU3_PATCH, width // EMU3_PATCH

@@ -8,14 +8,20 @@ start an image, and builds its classifier-free-guidance (unconditional) input it
   last (<begin_of_image>) replaced by the pad token.
 - Chameleon / Anole (LANTERN's Anole generator): BOS + prompt + "<reserved08706>" (end of turn) +
   "<racm3:break>" (image start); the unconditional row is BOS + "<racm3:break>" alone.
+- Emu3 (BAAI's `image_generation.py` with its processor): BOS "<|extra_203|>" + prompt + " masterpiece, film
+  grained, best quality." (the positive suffix its example adds) + "<|image start|>" + the grid as text
+  "{rows}*{cols}" + "<|image token|>"; the unconditional row is the same with its default negative prompt
+  (`EMU3_NEGATIVE`) instead of the prompt and suffix.
 - Lumina-mGPT (its FlexAR generator): BOS + "Generate an image of {W}x{H} according to the following
   prompt:\n{prompt}" + "<reserved08706>", then the image start and the two size tokens the reference
   forces (id 8804 + pixels / 32, named "<reserved{08800 + pixels / 32}>"); the unconditional row is the
   image start and size tokens alone, without BOS (its image-start-triggered CFG).
 
 Tokenisation uses the model's own `tokenizer.json` through the `tokenizers` library (no transformers, no
-remote code, no downloads). Image codes <-> vocabulary ids for Chameleon come from the tokenizer's
-IMGIMG names (`chameleon_image_token_ids`). This module does not know about models or weights.
+remote code, no downloads), or a tiktoken rank file (Emu3's original `emu3.tiktoken`, `tiktoken_bpe.py`).
+Image codes <-> vocabulary ids for Chameleon come from the tokenizer's IMGIMG names
+(`chameleon_image_token_ids`), for Emu3 from its `<|visual token NNNNNN|>` names. This module does not know about
+models or weights.
 """
 from __future__ import annotations
 
@@ -32,27 +38,40 @@ _LETTER_DIGITS = {chr(ord("A") + i): str(i) for i in range(10)}  # IMGIMG names 
 
 
 @dataclass(frozen=True)
+class PlainText:
+    """A suffix entry tokenised as text (Emu3's "{rows}*{cols}"), not looked up as one special token."""
+
+    text: str
+
+
+UNCOND_KINDS = ("pad_inner", "bos_suffix", "suffix", "negative")
+
+
+@dataclass(frozen=True)
 class PromptFormat:
-    """How a family wraps a prompt: BOS + `template` around {prompt} + special `suffix` tokens (which
-    end with the image-start token), and the unconditional row: "pad_inner" (the same tokens, all but
-    the first and last replaced by `pad_token`), "bos_suffix" (BOS + `uncond_suffix`) or "suffix"
-    (`uncond_suffix` alone). BOS is added explicitly (not by the tokenizer's post-processor, whose
-    presence varies between exports)."""
+    """How a family wraps a prompt: BOS + `template` around {prompt} + `suffix` (special tokens by name, or
+    `PlainText`; it ends with the image-start token), and the unconditional row: "pad_inner" (the same
+    tokens, all but the first and last replaced by `pad_token`), "bos_suffix" (BOS + `uncond_suffix`),
+    "suffix" (`uncond_suffix` alone) or "negative" (BOS + the `negative` prompt + `suffix`). BOS is added
+    explicitly (not by the tokenizer's post-processor, whose presence varies between exports)."""
 
     template: str
-    suffix: tuple[str, ...]
+    suffix: tuple[str | PlainText, ...]
     uncond: str
     bos_token: str
     uncond_suffix: tuple[str, ...] = ()
     pad_token: str | None = None
+    negative: str = ""
 
     def __post_init__(self) -> None:
         if "{prompt}" not in self.template:
             raise ConfigError("PromptFormat.template", "a string containing {prompt}", self.template)
-        if self.uncond not in ("pad_inner", "bos_suffix", "suffix"):
-            raise ConfigError("PromptFormat.uncond", "'pad_inner', 'bos_suffix' or 'suffix'", self.uncond)
+        if self.uncond not in UNCOND_KINDS:
+            raise ConfigError("PromptFormat.uncond", f"one of {UNCOND_KINDS}", self.uncond)
         if self.uncond == "pad_inner" and not self.pad_token:
             raise ConfigError("PromptFormat.pad_token", "the pad token for 'pad_inner' CFG", self.pad_token)
+        if self.uncond == "negative" and not self.negative:
+            raise ConfigError("PromptFormat.negative", "the negative prompt for 'negative' CFG", self.negative)
 
 
 JANUS_FORMAT = PromptFormat(template="<|User|>: {prompt}\n\n<|Assistant|>:", suffix=("<begin_of_image>",),
@@ -77,6 +96,25 @@ def lumina_format(grid: int, cols: int = 0, patch: int = 16) -> PromptFormat:
     template = f"Generate an image of {width}x{height} according to the following prompt:\n" + "{prompt}"
     return PromptFormat(template=template, suffix=("<reserved08706>", "<racm3:break>", *sizes),
                         uncond="suffix", bos_token="<s>", uncond_suffix=("<racm3:break>", *sizes))
+
+
+EMU3_POSITIVE = " masterpiece, film grained, best quality."
+EMU3_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
+                 "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry.")
+EMU3_SPECIAL = {"bos": "<|extra_203|>", "eos": "<|extra_204|>", "pad": "<|endoftext|>", "img": "<|image token|>",
+                "boi": "<|image start|>", "eoi": "<|image end|>", "eol": "<|extra_200|>", "eof": "<|extra_201|>"}
+
+
+def emu3_visual_token(code: int) -> str:
+    """The vocabulary name of Emu3's image code `code`."""
+    return f"<|visual token {code:06d}|>"
+
+
+def emu3_format(rows: int, cols: int) -> PromptFormat:
+    """Emu3's generation prompt for a grid of `rows` x `cols` codes (8 pixels each)."""
+    suffix = (EMU3_SPECIAL["boi"], PlainText(f"{rows}*{cols}"), EMU3_SPECIAL["img"])
+    return PromptFormat(template="{prompt}" + EMU3_POSITIVE, suffix=suffix, uncond="negative",
+                        bos_token=EMU3_SPECIAL["bos"], negative=EMU3_NEGATIVE)
 
 
 def load_tokenizer(path: str | Path):
@@ -121,10 +159,19 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.source = source
         self.format = fmt
-        self.suffix = [token_id(tokenizer, t, source) for t in fmt.suffix]
+        self.suffix = [i for t in fmt.suffix for i in self._suffix_ids(t)]
         self.uncond_suffix = [token_id(tokenizer, t, source) for t in fmt.uncond_suffix]
         self.bos_id = token_id(tokenizer, fmt.bos_token, source)
         self.pad_id = token_id(tokenizer, fmt.pad_token, source) if fmt.pad_token else 0
+        self.negative = self._text_ids(fmt.negative) if fmt.negative else []
+
+    def _text_ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _suffix_ids(self, entry: str | PlainText) -> list[int]:
+        if isinstance(entry, PlainText):
+            return self._text_ids(entry.text)
+        return [token_id(self.tokenizer, entry, self.source)]
 
     def with_format(self, fmt: PromptFormat) -> "PromptEncoder":
         """The same tokenizer with another template (Lumina-mGPT's prompt for another image size)."""
@@ -132,14 +179,15 @@ class PromptEncoder:
 
     def token_ids(self, prompt: str) -> list[int]:
         """BOS + templated text + the suffix (ending with the image-start token)."""
-        text = self.format.template.format(prompt=prompt)
-        return [self.bos_id] + self.tokenizer.encode(text, add_special_tokens=False).ids + self.suffix
+        return [self.bos_id] + self._text_ids(self.format.template.format(prompt=prompt)) + self.suffix
 
     def uncond_ids(self, ids: list[int]) -> list[int]:
         if self.format.uncond == "pad_inner":
             return ids[:1] + [self.pad_id] * (len(ids) - 2) + ids[-1:]
         if self.format.uncond == "suffix":
             return list(self.uncond_suffix)
+        if self.format.uncond == "negative":
+            return [self.bos_id] + self.negative + self.suffix
         return [self.bos_id] + self.uncond_suffix
 
     def encode(self, prompts: list[str], device=None) -> Condition:

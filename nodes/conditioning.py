@@ -6,14 +6,15 @@ import torch
 from comfy_api.latest import io
 
 from ..lantern_core.errors import ConfigError, LanternError
-from ..lantern_core.image_sizes import format_size, lumina_grid, lumina_sizes, parse_size
+from ..lantern_core.image_sizes import emu3_sizes, format_size, lumina_sizes, parse_size
 
 from . import runtime
 from .types import LanternCond, LanternCondType, LanternModel, LanternModelType, expect_link
 
 MAX_CLASSES = 64  # entries per node: each becomes batch_size images
 AUTO = "auto"
-SIZES = [AUTO, *(format_size(size) for size in lumina_sizes(768))]  # Lumina-mGPT-7B-768's; the others: auto
+# Lumina-mGPT-7B-768's buckets, then Emu3-Gen's aspect ratios at its 720 x 720 area; the others: auto
+SIZES = [AUTO, *dict.fromkeys(format_size(size) for size in [*lumina_sizes(768), *emu3_sizes()])]
 
 
 def native_size(model: LanternModel) -> str:
@@ -24,15 +25,17 @@ def native_size(model: LanternModel) -> str:
 
 def choose_grid(model: LanternModel, image_size: str) -> tuple[int, int] | None:
     """The (rows, cols) token grid for `image_size` ('WxH' pixels), None for the model's own. Lumina-mGPT
-    draws its sizes; every other model only the size its weights were trained at."""
+    and Emu3 draw many sizes; every other model only the size its weights were trained at."""
+    from ..lantern_core.loading.families import SIZED_LAYOUTS, grid_for_size
+
     if image_size == AUTO or image_size == native_size(model):
         return None
     size = parse_size(image_size)
-    if not model.config.row_end:
+    if model.layout not in SIZED_LAYOUTS:
         raise ConfigError("image_size", f"auto or {native_size(model)}: '{model.name}' draws the one size its "
                           "weights were trained at", image_size, "choose auto (other sizes and aspect ratios: "
-                          "Lumina-mGPT)")
-    grid = lumina_grid(size)
+                          "Lumina-mGPT, Emu3)")
+    grid = grid_for_size(model.layout, size)
     return None if grid == model.config.grid_shape else grid
 
 
@@ -65,7 +68,7 @@ def class_labels(model: LanternModel, text: str) -> tuple[list[int], list[str]]:
 def encode(model: LanternModel, class_text: str, prompt: str, image_size: str = AUTO) -> LanternCond:
     expect_link("model", model, LanternModel, "Lantern: Load Model")
     grid = choose_grid(model, image_size)
-    if grid is not None:  # only Lumina-mGPT gets here: its prompt names the size
+    if grid is not None:  # only Lumina-mGPT and Emu3 get here: their prompts name the size
         return encode_prompt(model, prompt, grid)
     if model.config.model_type == "c2i":
         labels, described = class_labels(model, class_text)
@@ -86,12 +89,13 @@ def encode(model: LanternModel, class_text: str, prompt: str, image_size: str = 
 
 def encode_prompt(model: LanternModel, prompt: str, grid: tuple[int, int] | None = None) -> LanternCond:
     """Prompted families: the model's own tokenizer and template, with its unconditional (CFG) row;
-    `grid` (rows, cols): Lumina-mGPT's template for that size instead of the loaded one."""
-    from ..lantern_core.prompts import lumina_format
+    `grid` (rows, cols): the template for that size (Lumina-mGPT, Emu3) instead of the loaded one."""
+    from ..lantern_core.loading.families import format_for_grid
 
     if not prompt.strip():
         raise LanternError(f"'{model.name}' is a text-to-image model: write a prompt")
-    encoder = model.prompt_encoder if grid is None else model.prompt_encoder.with_format(lumina_format(*grid))
+    encoder = (model.prompt_encoder if grid is None
+               else model.prompt_encoder.with_format(format_for_grid(model.layout, *grid)))
     condition = encoder.encode([prompt])
     limit = model.config.cls_token_num
     if condition.prompt_ids.shape[1] > limit:
@@ -120,15 +124,16 @@ class LanternConditioning(io.ComfyNode):
             display_name="Lantern: Conditioning",
             category="LANTERN/conditioning",
             description="What to draw. Class-conditional models take class names or indices (comma-separated "
-                        "for several images); text-to-image models take the prompt. Lumina-mGPT also takes an "
-                        "image size and aspect ratio.",
+                        "for several images); text-to-image models take the prompt. Lumina-mGPT and Emu3 also "
+                        "take an image size and aspect ratio.",
             inputs=[
                 LanternModelType.Input("model", tooltip="From Lantern: Load Model."),
                 *condition_inputs(),
                 io.Combo.Input("image_size", options=SIZES, default=AUTO,
-                               tooltip="Width x height in pixels. Lumina-mGPT draws any of these sizes and aspect "
-                                       "ratios (its trained buckets); 'auto' is each model's own size (LlamaGen, "
-                                       "Anole and Janus-Pro draw only that one)."),
+                               tooltip="Width x height in pixels. Lumina-mGPT draws its trained buckets (32-pixel "
+                                       "steps), Emu3 any aspect ratio in 8-pixel steps (its 720 x 720 area at 1:1, "
+                                       "4:3, 3:2, 16:9, 21:9 and their portraits are listed); 'auto' is each "
+                                       "model's own size (LlamaGen, Anole and Janus-Pro draw only that one)."),
             ],
             outputs=[LanternCondType.Output(display_name="conditioning", tooltip="Feed into Lantern: Sampler.")],
         )

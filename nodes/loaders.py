@@ -10,12 +10,13 @@ from ..lantern_core.errors import LanternError, shown
 from ..lantern_core.loading.catalog import CHAMELEON_VQGAN, PublicFile
 from .types import LanternModelType
 
-DESCRIPTION = ("Loads a visual autoregressive model (LlamaGen c2i/t2i, Anole / Chameleon, Janus-Pro, or the "
-               "embedded default) with its VQ tokenizer and, for LlamaGen text-to-image models, its Flan-T5 text "
-               "encoder. Family, size and grid are read from the files. LlamaGen files go in "
-               "models/lantern/checkpoints, models/lantern/vq and models/lantern/text_encoders; Anole and "
-               "Janus-Pro are their downloaded folders (config.json, tokenizer.json, *.safetensors) in "
-               "models/lantern/checkpoints, which hold their own tokenizers.")
+DESCRIPTION = ("Loads a visual autoregressive model (LlamaGen c2i/t2i, Anole / Chameleon, Lumina-mGPT, Janus-Pro, "
+               "Emu3, or the embedded default) with its VQ tokenizer and, for LlamaGen text-to-image models, its "
+               "Flan-T5 text encoder. Family, size and grid are read from the files. LlamaGen files go in "
+               "models/lantern/checkpoints, models/lantern/vq and models/lantern/text_encoders; Anole, Lumina-mGPT, "
+               "Janus-Pro and Emu3 are their downloaded folders (config.json, tokenizer files, *.safetensors) in "
+               "models/lantern/checkpoints, which hold their own tokenizers (the original Emu3-Gen: "
+               "BAAI/Emu3-VisionTokenizer in its vision_tokenizer/ subfolder).")
 
 
 DTYPE_CHOICES = ["auto", *runtime.DTYPES]
@@ -24,16 +25,25 @@ CHAMELEON_VQGAN_URL = PublicFile(*CHAMELEON_VQGAN, "lantern_vq", "vqgan.ckpt").u
 
 
 def resolve_family_vq(folder: Path, family: str, vq_tokenizer: str) -> Path | None:
-    """Prompted families: None = the VQ inside the folder (Janus-Pro's checkpoint, Chameleon's vqgan file),
-    or a Chameleon VQGAN chosen from models/lantern/vq."""
+    """Prompted families: None = the VQ inside the folder (Janus-Pro's and Emu3-Gen-hf's checkpoints, Chameleon's
+    vqgan file, the original Emu3's vision_tokenizer/ subfolder), or a Chameleon VQGAN chosen from
+    models/lantern/vq."""
     from ..lantern_core.errors import LanternError
-    from ..lantern_core.loading.families import VQGAN_NAMES, find_file
+    from ..lantern_core.loading.emu3 import find_vision_tokenizer
+    from ..lantern_core.loading.families import VQGAN_NAMES, detect_family, find_file
 
+    layout = detect_family(folder)[1]
+    emu3 = layout in ("emu3", "hf-emu3")
     if vq_tokenizer != "auto":
-        if family == "janus":
-            raise LanternError(f"Janus-Pro's image tokenizer is inside '{folder.name}': set vq_tokenizer to 'auto'")
+        if family == "janus" or emu3:
+            name = "Emu3" if emu3 else "Janus-Pro"
+            raise LanternError(f"{name}'s image tokenizer comes with '{folder.name}': set vq_tokenizer to 'auto'")
         return paths.resolve("lantern_vq", vq_tokenizer)
-    if family == "chameleon" and find_file(folder, VQGAN_NAMES) is None:
+    if layout == "emu3" and find_vision_tokenizer(folder, None) is None:
+        raise LanternError(f"'{folder.name}' (Emu3, original layout) has no vision tokenizer: put the files of "
+                           "BAAI/Emu3-VisionTokenizer (config.json, model.safetensors) into its vision_tokenizer/ "
+                           "subfolder, or use BAAI/Emu3-Gen-hf, which holds it")
+    if family == "chameleon" and not emu3 and find_file(folder, VQGAN_NAMES) is None:
         raise LanternError(f"'{folder.name}' has no Chameleon VQGAN: put vqgan.ckpt (or vqgan.safetensors) into the "
                            "folder (or its tokenizer/ subfolder), or put it in models/lantern/vq and choose it in "
                            f"vq_tokenizer. It is published at {CHAMELEON_VQGAN_URL}")
@@ -68,7 +78,7 @@ class LanternModelLoader(io.ComfyNode):
             inputs=[
                 io.Combo.Input("checkpoint", options=paths.list_checkpoints(), default=paths.EMBEDDED,
                                tooltip="Target model: a LlamaGen .pt/.safetensors file, or a model folder "
-                                       "(LlamaGen HF, Anole-7b-v0.1-hf, Janus-Pro-1B/7B) in "
+                                       "(LlamaGen HF, Anole-7b-v0.1-hf, Lumina-mGPT, Janus-Pro-1B/7B, Emu3-Gen) in "
                                        "models/lantern/checkpoints. The embedded default needs no files."),
                 io.Combo.Input("vq_tokenizer", options=paths.list_vq(), default="auto",
                                tooltip="VQ tokenizer file in models/lantern/vq (vq_ds16_c2i.pt, vq_ds16_t2i.pt, "

@@ -115,8 +115,9 @@ def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, pr
 
 
 def load_family_model(folder: Path, vq_path: Path | None, precision: Precision, name: str) -> LanternModel:
-    """Load (or reuse) a prompted-family folder (Anole / Chameleon, Janus-Pro): model, its tokenizer and
-    template, and its image tokenizer (from the folder, or a Chameleon VQGAN file from models/lantern/vq)."""
+    """Load (or reuse) a prompted-family folder (Anole / Chameleon, Lumina-mGPT, Janus-Pro, Emu3): model, its
+    tokenizer and template, and its image tokenizer (from the folder, or a Chameleon VQGAN file from
+    models/lantern/vq)."""
     from ..lantern_core.loading.families import load_prompted
 
     dtype = precision.dtype
@@ -132,14 +133,17 @@ def load_family_model(folder: Path, vq_path: Path | None, precision: Precision, 
         from ..lantern_core.errors import LanternError
 
         if vq is None:
-            raise LanternError(f"'{name}' has no image tokenizer: put Chameleon's vqgan.ckpt in the folder or "
-                               "choose it in vq_tokenizer")
+            where = ("put BAAI/Emu3-VisionTokenizer's files (config.json, model.safetensors) in its vision_tokenizer/ "
+                     "subfolder" if loaded.source_format == "emu3" else
+                     "put Chameleon's vqgan.ckpt in the folder or choose it in vq_tokenizer")
+            raise LanternError(f"'{name}' has no image tokenizer: {where}")
         codes = loaded.config.vocab_size - int(loaded.config.row_end)  # Lumina's end-of-row token is no VQ code
         if vq.config.codebook_size != codes:
             raise LanternError(f"the image tokenizer {vq_path or folder} has {vq.config.codebook_size} codes but "
                                f"'{name}' draws {codes}: choose the VQGAN released with the model")
         handle = LanternModel(name=name, gpt=_patcher(loaded.model), vq=_patcher(vq), text_encoder=None,
-                              tokenizer=None, dtype=dtype, prompt_encoder=loaded.encoder)
+                              tokenizer=None, dtype=dtype, prompt_encoder=loaded.encoder,
+                              layout=loaded.source_format)
         _REGISTRY[key] = handle
         return handle
 

@@ -33,6 +33,7 @@ class LanternModel:
     dtype: torch.dtype = torch.float32
     neighbor_tables: dict = field(default_factory=dict, repr=False)  # k -> (V, k) table, read once per model
     prompt_encoder: object | None = None  # lantern_core.prompts.PromptEncoder, prompted families only
+    layout: str = ""  # the folder's layout (lantern_core.loading.families.LoadedPrompted.source_format), prompted only
 
     @property
     def config(self):

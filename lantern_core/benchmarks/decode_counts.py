@@ -47,6 +47,7 @@ from ..decoding.trees.drafting import DrafterSession, DynamicShape
 from ..decoding.trees.driver import speculative_generate
 from ..decoding.trees.specs import NAIVE_EXTEND_57
 from .ar import SEVEN_B, machine_info, random_model
+from .families import family_config, random_prompted
 from .kernel_count import OpCount, StepCounter, difference, module_part, replaced, tagged
 from .report_writer import Report
 
@@ -55,6 +56,17 @@ NARROW = dict(dim=64, n_head=4, n_kv_head=None, ffn_dim=None)
 SHAPES = [("GPT-B c2i 256px", gpt_preset("GPT-B", "c2i", 256)), ("GPT-XL c2i 384px", gpt_preset("GPT-XL", "c2i", 384)),
           ("7B shape c2i 384px", SEVEN_B)]
 RECORDED = 4  # iterations recorded per decode (every one runs the same fixed-trip code)
+# the prompted layouts with forced end-of-row tokens, narrow (a kernel count does not depend on the width): Emu3's
+# (GQA, no QK-norm, 8-pixel codes) and Lumina-mGPT 2.0's (QK-norm) at their published depths, 16 x 16 codes
+PROMPTED_LAYOUTS = [("Emu3-Gen layout (32 layers, narrow)", replace(family_config("emu3", "8b", grid=16), dim=64,
+                                                                    n_head=4, n_kv_head=1, ffn_dim=96,
+                                                                    text_vocab_size=1024, vocab_size=513)),
+                    ("Lumina-mGPT 2.0 layout (32 layers, narrow)", replace(family_config("lumina2", "7b", grid=16),
+                                                                           dim=64, n_head=4, n_kv_head=4, ffn_dim=96,
+                                                                           text_vocab_size=1024, vocab_size=513))]
+LAYOUT_JACOBI = [("sjd_coupled w16", JacobiConfig(16, coupled=True, init="sample_left")),
+                 ("lossless 2-D w15 + next row w16",
+                  JacobiConfig(15, coupled=True, init="sample_left", rows=2, row_window=16, row_offset=-1))]
 
 
 @dataclass
@@ -133,16 +145,34 @@ def summarise(what: str, path: str, calls: list[tuple], layers: int = 0) -> Step
                      {k: round(v / spans, 2) for k, v in {**loop.host_reads, "uploads": loop.uploads}.items() if v})
 
 
+def condition_for(model, device: torch.device) -> Condition:
+    """Class 0 for a class-conditional model; for a prompted one a 16-token prompt and a 12-token unconditional
+    row (left-padded to one length, as a real prompt and negative prompt are)."""
+    if model.config.model_type != "prompt":
+        return Condition.classes([0], device=device)
+    ids, u_ids = torch.ones(1, 16, dtype=torch.long, device=device), torch.ones(1, 12, dtype=torch.long, device=device)
+    return Condition(prompt_ids=ids, prompt_mask=ids.bool(), uncond_ids=u_ids, uncond_mask=u_ids.bool())
+
+
+def head_of(model) -> list[torch.nn.Module]:
+    """The modules that turn hidden states into image logits: LlamaGen's `output`, a prompted model's head
+    (Chameleon-style `image.head`; Janus' `image.head_proj` and `image.head_out`)."""
+    if hasattr(model, "output"):
+        return [model.output]
+    image = model.image
+    return [image.head] if hasattr(image, "head") else [image.head_proj, image.head_out]
+
+
 def count_ar(model, sampling: SamplingConfig, what: str, device: torch.device, eager_cpu: bool = False) -> StepCount:
     """Kernels of an AR step of `model` (batch 1): the captured path, or (`eager_cpu`) the CPU's exact-window one."""
     counter = StepCounter(untagged="bookkeeping")
-    cond = Condition.classes([0], device=device)
+    cond = condition_for(model, device)
 
     def run(on_step) -> None:
         generate(model, cond, sampling, make_generators(0, 1, device), on_step, compile="off")
 
     parts = [(ar_step_module, "sample_step_tokens", "sampling")]
-    with module_part(counter, model.layers, "target layers"), module_part(counter, [model.output], "head"), \
+    with module_part(counter, model.layers, "target layers"), module_part(counter, head_of(model), "head"), \
             tagged(counter, parts):
         calls = record_decode(run, generate_module, "ar_step", counter, gpu=not eager_cpu)
     return summarise(what, "cpu eager (exact window)" if eager_cpu else "captured path", calls, len(model.layers))
@@ -201,7 +231,7 @@ def count_tree(model, drafter, spec: SpeculativeConfig, sampling: SamplingConfig
 def count_jacobi(model, config: JacobiConfig, sampling: SamplingConfig, neighbors, what: str,
                  device: torch.device) -> StepCount:
     counter = StepCounter(untagged="bookkeeping")
-    cond = Condition.classes([1], device=device)
+    cond = Condition.classes([1], device=device) if model.config.model_type != "prompt" else condition_for(model, device)
     parts = [(jacobi_step, "refill", "drafts (refill)"), (jacobi_step, "forward_window", "verification forward"),
              (jacobi_step, "forward_at_slots", "verification forward"),
              (jacobi_step.JacobiContext, "target", "distributions"), (jacobi_step, "judge_run", "judge"),
@@ -357,6 +387,18 @@ def run(report: Report, device: torch.device, dtype: torch.dtype, k: int = 10, i
         if chosen(name, only):
             add_mode(_counted(name, lambda: count_jacobi(model, config, greedy if is_greedy else sampling, neighbors,
                                                          name, device)))
+    report.update(layouts=[])
+    for label, config in PROMPTED_LAYOUTS:  # forced end-of-row tokens, GQA / QK-norm, prompt prefixes
+        if not chosen(label, only) and only:
+            continue
+        layout_model = random_prompted(config, device, dtype)
+        report.add("layouts", _row(_counted(f"{label} ar", lambda: count_ar(layout_model, sampling, f"{label} ar",
+                                                                           device))))
+        for name, jacobi in LAYOUT_JACOBI:
+            what = f"{label} {name}"
+            report.add("layouts", _row(_counted(what, lambda: count_jacobi(layout_model, jacobi, sampling, None, what,
+                                                                           device))))
+        del layout_model
     if inductor:  # the goals' rows (a sampled and a greedy 57-node static tree), whole iterations fused
         for name, spec, is_greedy in tree_modes(k)[::4][:2]:
             if chosen(name, only):
@@ -419,11 +461,24 @@ def markdown(report: dict) -> str:
               "read the decode loop makes per iteration, the decoder's bookkeeping included; reads inside a step must "
               "be 0. 'Generator calls / iteration' counts the random-number kernels the loop launches per iteration "
               "outside the step: every mode draws its noise once per image up front except sampled static trees, "
-              "whose drafter draws depth x siblings x vocabulary Exp(1) values per iteration (one call per drafted "
-              "level and image: too many values to hold for a whole image). Goals: an AR step <= 24 "
+              "whose drafter draws depth x siblings x vocabulary Exp(1) values per iteration (too many to hold for a "
+              "whole image) into one table: one call per iteration and image. Goals: an AR step <= 24 "
               "kernels per layer eager and <= 12 compiled; a sampled 57-node "
               "static-tree iteration <= 250 kernels beyond its verification forward, a greedy one <= 120; at most one "
               "host read per iteration."]
+    if report.get("layouts"):
+        lines += ["", "## Prompted layouts with forced end-of-row tokens (random narrow models, published depths)", "",
+                  "| layout and mode | kernels / step or iteration | split | host reads inside | "
+                  "host reads / iteration (loop) | factories without a device |", "|---|---|---|---|---|---|"]
+        for r in report["layouts"]:
+            if r["kernels"] < 0:
+                lines.append(f"| {r['what']} | {r['path']} | | | | |")
+                continue
+            stray = ", ".join(f"{k} x{v}" for k, v in r["stray_factories"].items()) or "none"
+            lines.append(f"| {r['what']} | {r['kernels']} | {_parts(r['parts'])} | {r['host_reads_in_step']} | "
+                         f"{r['host_reads_per_iteration']} | {stray} |")
+        lines += ["", "A prompt of 16 tokens and an unconditional row of 12 (CFG 4); the end-of-row rule "
+                  "(`layout.constrain`) runs inside the step, so the captured path keeps no host read."]
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""Benchmark of the prompted families (Anole / Chameleon, Lumina-mGPT, Janus-Pro) on the shared machinery.
+"""Benchmark of the prompted families (Anole / Chameleon, Lumina-mGPT, Janus-Pro, Emu3) on the shared machinery.
 
 For each family, a random-weight model of the family's shape (tiny on the CPU; the released sizes in
 bf16 on a GPU) is timed side by side in one run: the forward-cost curve (one forward over n tokens at a
@@ -14,7 +14,8 @@ rows in speculative_cpu_float32 measure that). The random weights are drawn with
 (about 3 nats, top token ~0.3) rather than uniform; they still say nothing about image quality or the
 acceptance a trained model reaches. What this measures is the machinery's cost per family (QK-norm, the
 Janus aligner/head, Lumina's end-of-row tokens, prompt prefill) and that every decoder runs on every
-family. Results: bench/results/families_<device>_<dtype>.
+family (Emu3: GQA without QK-norm, 8-pixel codes with end-of-line tokens). Results:
+bench/results/families_<device>_<dtype>.
 """
 from __future__ import annotations
 
@@ -78,12 +79,20 @@ def family_config(family: str, size: str, grid: int | None = None) -> GPTConfig:
     if family == "lumina2":  # Lumina-mGPT 2.0: a Chameleon-style decoder over MoVQGAN's 16,384 codes + the
         # end-of-row code, 768 px = 96 x 96 codes; sizes as its code and a third-party config give them
         base = shapes[("chameleon", size)]
-        shapes[(family, size)] = {**base, "vocab_size": 16384 + 1, "text_vocab_size": 171385 if size == "7b"
-                                  else base["text_vocab_size"] + 8192, "grid_size": 96 if size == "7b"
-                                  else base["grid_size"]}
+        shapes[(family, size)] = {**base, "vocab_size": (16384 if size == "7b" else base["vocab_size"]) + 1,
+                                  "text_vocab_size": 171385 if size == "7b" else base["text_vocab_size"] + 8192,
+                                  "grid_size": 96 if size == "7b" else base["grid_size"]}
+    if family == "emu3":  # Emu3-Gen: Llama layers with GQA (8 key/value heads), no QK-norm, RoPE base 1e6,
+        # 32,768 codes + the end-of-line code, 720 px = 90 x 90 codes; the narrow shapes keep the GQA ratio
+        base = shapes[("chameleon", size if size != "8b" else "7b")]
+        shapes[(family, size)] = {**base, "vocab_size": (32768 if size == "8b" else base["vocab_size"]) + 1,
+                                  "n_kv_head": base["n_head"] // 4 if size == "8b" else base["n_head"] // 2,
+                                  "norm_eps": 1e-5, "rope_base": 1e6, **(
+                                      dict(ffn_dim=14336, text_vocab_size=184622, grid_size=90) if size == "8b" else
+                                      dict(text_vocab_size=base["text_vocab_size"] + 1024))}
     shape = {**shapes[(family, size)], **({"grid_size": grid} if grid else {})}
-    extra = dict(qk_norm=True, family="chameleon", row_end=family in ("lumina", "lumina2")) if family != "janus" \
-        else dict(image_embed_dim=8, family="janus")
+    extra = dict(qk_norm=family != "emu3", family="chameleon", row_end=family in ("lumina", "lumina2", "emu3")) \
+        if family != "janus" else dict(image_embed_dim=8, family="janus")
     return GPTConfig(**shape, **extra, model_type="prompt", rope_dims=1, cls_token_num=64)
 
 
@@ -241,8 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     sizes = [tuple(m.split(":")) for m in args.models] if args.models is not None else \
-        [("chameleon", "tiny"), ("lumina", "tiny"), ("janus", "tiny")] if device.type == "cpu" else \
-        [("chameleon", "7b"), ("lumina", "7b"), ("janus", "1b"), ("janus", "7b")]
+        [("chameleon", "tiny"), ("lumina", "tiny"), ("janus", "tiny"), ("emu3", "tiny")] if device.type == "cpu" else \
+        [("chameleon", "7b"), ("lumina", "7b"), ("janus", "1b"), ("janus", "7b"), ("emu3", "8b")]
     steps = args.train_steps if args.train_steps is not None else (100 if device.type == "cpu" else 0)
     report = Report(args.out, f"families_{device.type}_{args.dtype}", markdown, **machine_info(device),
                     dtype=args.dtype, images=args.images, init_std=INIT_STD, train_steps=steps, rows=[])

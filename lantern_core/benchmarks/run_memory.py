@@ -94,6 +94,7 @@ def run(batches: tuple[int, ...], only: str, sampling: SamplingConfig) -> list[d
 def released_shapes() -> dict[str, GPTConfig]:
     return {"Lumina-mGPT-7B-768": family_config("lumina", "7b"), "Janus-Pro-7B": family_config("janus", "7b"),
             "Lumina-mGPT-2.0 shape (768 px)": family_config("lumina2", "7b"),
+            "Emu3-Gen (720 px)": family_config("emu3", "8b"),
             "LlamaGen 7B shape (c2i, 384 px)": SEVEN_B}
 
 

@@ -1,4 +1,4 @@
-"""Loading a prompted-family model folder offline: Chameleon (Anole-7b, Lumina-mGPT) and Janus-Pro.
+"""Loading a prompted-family model folder offline: Chameleon (Anole-7b, Lumina-mGPT), Janus-Pro and Emu3.
 
 A folder is recognised from its `config.json` (`model_type` "chameleon", "janus" (transformers'
 conversion) or "multi_modality" (DeepSeek's original Janus-Pro release)), never from its name (a hub
@@ -23,34 +23,39 @@ Weights are read from `model.safetensors` or sharded `model-*.safetensors` (+ in
 `text_tokenizer.json`), read by the `tokenizers` library. The image tokenizer comes from the same
 checkpoint for Janus, and from Chameleon's VQGAN file (`vqgan.safetensors` or `vqgan.ckpt`, in the
 folder or its `tokenizer/` / `vqgan/` subfolder) for Chameleon. Nothing is downloaded; no remote code.
-Weight renaming is `family_io.py`; model code is the shared trunk (`models/prompted.py`).
+Weight renaming is `family_io.py`; model code is the shared trunk (`models/prompted.py`); the build every
+prompted loader shares is `prompted_build.py`. Emu3 folders (model_type "Emu3", the original release, or "emu3",
+transformers') are recognised here and loaded by `emu3.py`. Lumina-mGPT and Emu3 draw many sizes
+(`SIZED_LAYOUTS`: a size -> a grid -> the prompt that names it).
 """
 from __future__ import annotations
 
-import logging
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..config import GPTConfig
-from ..errors import CheckpointError, ConfigError, shown
-from ..image_sizes import LUMINA_PATCH, format_size, lumina_grid
-from ..models.prompted import PromptedImageLM
-from ..models.quantized import quantize_at_load, scheme_named
+from ..errors import CheckpointError, ConfigError
+from ..image_sizes import LUMINA_PATCH, emu3_grid, format_size, lumina_grid
+from ..models.quantized import scheme_named
 from ..models.vq import VQModel
-from ..prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, chameleon_image_token_ids, load_tokenizer, lumina_format,
-                       lumina_size_token, token_id)
+from ..prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, PromptFormat, chameleon_image_token_ids, emu3_format,
+                       load_tokenizer, lumina_format, lumina_size_token, token_id)
 from .checkpoint_io import read_checkpoint, read_json_object
-from .checkpoints import build_on_meta, check_layer_count, infer_vq_config, load_state_strict, read_hf_folder
+from .checkpoints import infer_vq_config, load_state_strict, read_hf_folder
+from .emu3 import Emu3Request, load_emu3
 from .family_io import chameleon_state, janus_state, taming_to_ours
-from .quantized_io import cast_for_load
+from .prompted_build import (LoadedPrompted, Placement, build_prompted, decoder_shape, place_vq, positive,  # noqa: F401
+                             section)
 
-log = logging.getLogger(__name__)
 
+# config.json model_type -> (family, layout); Emu3's trunk is the Chameleon family's (image codes as vocabulary
+# tokens, `models/prompted.py`), without QK-norm
+EMU3_LAYOUTS = {"Emu3": "emu3", "emu3": "hf-emu3"}
 LAYOUTS = {"chameleon": ("chameleon", "hf-chameleon"), "janus": ("janus", "hf-janus"),
-           "multi_modality": ("janus", "deepseek-janus")}
+           "multi_modality": ("janus", "deepseek-janus"),
+           **{model_type: ("chameleon", layout) for model_type, layout in EMU3_LAYOUTS.items()}}
 DEFAULT_GRID = {"chameleon": 32, "janus": 24, "lumina": 48}  # Anole 512 px, Janus-Pro 384 px, Lumina 768 px
 DEFAULT_MAX_PROMPT = 256
 TOKENIZER_NAMES = ("tokenizer.json", "text_tokenizer.json", "tokenizer/text_tokenizer.json")
@@ -60,35 +65,8 @@ FIX = ("choose the model's folder as downloaded (config.json, tokenizer.json, mo
        "models/lantern/Anole-7b-v0.1-hf or models/lantern/Janus-Pro-7B")
 
 
-@dataclass
-class LoadedPrompted:
-    model: PromptedImageLM
-    config: GPTConfig
-    source_format: str  # "hf-chameleon", "hf-lumina", "hf-janus" or "deepseek-janus"
-    encoder: PromptEncoder
-    vq: VQModel | None
-    vq_source: str | None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def family(self) -> str:
-        return self.config.family
-
-
 def read_config(folder: Path) -> dict:
     return read_json_object(folder / "config.json", FIX)
-
-
-def section(cfg: dict, *keys: str) -> dict:
-    """cfg[k1][k2]... as a dict ({} when absent); a ConfigError naming the entry when it is not an object."""
-    node = cfg
-    for depth, key in enumerate(keys):
-        node = node.get(key)
-        if node is None:
-            return {}
-        if not isinstance(node, dict):
-            raise ConfigError(f"config.json {'.'.join(keys[:depth + 1])}", "a JSON object", node)
-    return node
 
 
 def detect_family(folder: str | Path, cfg: dict | None = None) -> tuple[str, str]:
@@ -97,7 +75,7 @@ def detect_family(folder: str | Path, cfg: dict | None = None) -> tuple[str, str
     model_type = (read_config(folder) if cfg is None else cfg).get("model_type")
     if not isinstance(model_type, str) or model_type not in LAYOUTS:
         raise CheckpointError(folder / "config.json", f"model_type one of {sorted(LAYOUTS)} (Chameleon / Anole / "
-                              "Lumina-mGPT, Janus-Pro)", repr(model_type), FIX)
+                              "Lumina-mGPT, Janus-Pro, Emu3)", repr(model_type), FIX)
     return LAYOUTS[model_type]
 
 
@@ -149,51 +127,12 @@ def defaults_note(where: str, defaults: dict) -> str:
             f"(transformers.LlamaConfig) does: {values}")
 
 
-def _rope_theta(cfg: dict, where: str) -> float:
-    params = section(cfg, "rope_parameters") or section(cfg, "rope_scaling")
-    if "rope_theta" in params:
-        return _positive(params["rope_theta"], f"{where}.rope_parameters.rope_theta")
-    return _positive(cfg.get("rope_theta", 10000.0), f"{where}.rope_theta")
-
-
-def _positive(value: object, name: str, integer: bool = False) -> int | float:
-    """A positive number (an integer when `integer`) read from a config field; a ConfigError naming it."""
-    kind = "a positive integer" if integer else "a positive number"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf") \
-            or (integer and value != int(value)):
-        raise ConfigError(name, kind, shown(value))
-    return int(value) if integer else float(value)
-
-
-def _decoder_shape(cfg: dict, where: str) -> dict:
-    """Shared fields of an HF Llama / Chameleon config (`where` names it in errors): the sizes are required
-    (missing or invalid: a ConfigError naming the field); num_key_value_heads defaults to the head count,
-    rms_norm_eps to 1e-6 and the RoPE base to 10000."""
-    def size(name: str) -> int:
-        if cfg.get(name) is None:
-            raise ConfigError(f"{where}.{name}", "a positive integer (the model's size)",
-                              "no such field" if name not in cfg else None, "re-download config.json with the model")
-        return _positive(cfg[name], f"{where}.{name}", integer=True)
-
-    heads = size("num_attention_heads")
-    kv_heads = cfg.get("num_key_value_heads")
-    shape = dict(dim=size("hidden_size"), n_layer=size("num_hidden_layers"), n_head=heads,
-                 n_kv_head=heads if kv_heads is None else _positive(kv_heads, f"{where}.num_key_value_heads", True),
-                 ffn_dim=size("intermediate_size"), text_vocab_size=size("vocab_size"),
-                 norm_eps=_positive(cfg.get("rms_norm_eps", 1e-6), f"{where}.rms_norm_eps"),
-                 rope_base=_rope_theta(cfg, where))
-    for flag in ("attention_bias", "mlp_bias"):
-        if cfg.get(flag):
-            raise ConfigError(f"{where}.{flag}", "false (no biases, as every released checkpoint)", cfg[flag])
-    return shape
-
-
 def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = False, cols: int = 0) -> GPTConfig:
     """Anole / Chameleon; `row_end` (Lumina-mGPT) adds the end-of-row token as the last image code."""
     vq = section(cfg, "vq_config")
-    codes = _positive(vq.get("num_embeddings", vq.get("n_embed", 8192)), "config.json vq_config.num_embeddings",
+    codes = positive(vq.get("num_embeddings", vq.get("n_embed", 8192)), "config.json vq_config.num_embeddings",
                       integer=True)
-    return GPTConfig(**_decoder_shape(cfg, "config.json"), vocab_size=codes + int(row_end),
+    return GPTConfig(**decoder_shape(cfg, "config.json"), vocab_size=codes + int(row_end),
                      model_type="prompt", family="chameleon", qk_norm=True, swin_norm=bool(cfg.get("swin_norm")),
                      rope_dims=1, grid_size=grid, grid_cols=0 if cols == grid else cols, cls_token_num=max_prompt,
                      row_end=row_end)
@@ -213,10 +152,10 @@ def janus_config(cfg: dict, layout: str, grid: int, max_prompt: int) -> GPTConfi
         codes, embed = head.get("image_token_size", 16384), aligner.get("input_dim", 8)
         if aligner.get("depth", 2) != 2:
             raise ConfigError("config.json gen_aligner_config.depth", "2 (every Janus-Pro release)", aligner["depth"])
-    return GPTConfig(**_decoder_shape(text, where),
-                     vocab_size=_positive(codes, "config.json image codebook size", integer=True), model_type="prompt",
+    return GPTConfig(**decoder_shape(text, where),
+                     vocab_size=positive(codes, "config.json image codebook size", integer=True), model_type="prompt",
                      family="janus", rope_dims=1, grid_size=grid, cls_token_num=max_prompt,
-                     image_embed_dim=_positive(embed, "config.json image embedding width", integer=True))
+                     image_embed_dim=positive(embed, "config.json image embedding width", integer=True))
 
 
 def check_deepseek_shapes(folder: Path, tensors: dict[str, torch.Tensor], config: GPTConfig,
@@ -263,7 +202,7 @@ def _janus_grid(cfg: dict) -> int | None:
     tokens = section(cfg, "vision_config").get("num_image_tokens")
     if not tokens:
         return None
-    side = _positive(tokens, "config.json vision_config.num_image_tokens", integer=True)
+    side = positive(tokens, "config.json vision_config.num_image_tokens", integer=True)
     if round(side ** 0.5) ** 2 != side:
         raise ConfigError("config.json vision_config.num_image_tokens", "a positive square number", tokens)
     return round(side ** 0.5)
@@ -325,6 +264,21 @@ def choose_grid(folder: Path, family: str, lumina: bool, native: int, size: tupl
     return native, native
 
 
+# layouts that draw many sizes: their prompt names the size, so a size is a grid and a prompt format
+SIZED_LAYOUTS = {"hf-lumina": (lumina_grid, lumina_format), "emu3": (emu3_grid, emu3_format),
+                 "hf-emu3": (emu3_grid, emu3_format)}
+
+
+def grid_for_size(layout: str, size: tuple[int, int]) -> tuple[int, int]:
+    """(rows, cols) of an image of `size` (width, height) pixels in a layout of `SIZED_LAYOUTS`."""
+    return SIZED_LAYOUTS[layout][0](size)
+
+
+def format_for_grid(layout: str, rows: int, cols: int) -> PromptFormat:
+    """The prompt format that asks a `SIZED_LAYOUTS` model for a grid of `rows` x `cols` codes."""
+    return SIZED_LAYOUTS[layout][1](rows, cols)
+
+
 LUMINA_IDS = {LUMINA_ROW_END: 8803, "<reserved08706>": 8710, "<racm3:break>": 8197}  # as its generator hard-codes
 
 
@@ -354,10 +308,13 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     (`image_sizes.lumina_sizes`), the other families only the one their weights were trained at; None
     keeps the default (or `grid_size` squares). `weights` "int8" / "fp8" quantizes the blocks' linear layers
     on the host after the strict load (`models/quantized.py`)."""
-    scheme = scheme_named(weights)
+    scheme_named(weights)  # an unknown scheme is refused before anything is read
     folder = Path(folder)
     cfg = read_config(folder)
     family, layout = detect_family(folder, cfg)
+    if layout in EMU3_LAYOUTS.values():
+        request = Emu3Request(layout, grid_size, image_size, max_prompt_tokens, vqgan)
+        return load_emu3(folder, cfg, request, Placement(device, dtype, vq_dtype, weights))
     notes: list[str] = []
     lumina = family == "chameleon" and is_lumina(folder, cfg)
     if lumina:
@@ -402,17 +359,9 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     else:
         sd = janus_state(folder, tensors, config)
         vq, vq_source = load_janus_vq(folder, tensors, layout), layout
-    check_layer_count(folder, config, sd, FIX)
-    model = build_on_meta(PromptedImageLM, config, folder, FIX)
-    # cast once, straight to the run dtype (a 7B bf16 checkpoint never passes through float32)
-    load_state_strict(model, cast_for_load(sd, dtype), folder, FIX, assign=True)
-    model.rope_table = model._build_rope()
-    sd = tensors = None  # the model holds the weights: quantizing frees each layer's original
-    model = quantize_at_load(model, scheme, notes).to(device=device, dtype=dtype).eval()
-    if vq is not None:
-        vq = vq.to(device=device, dtype=vq_dtype or dtype)
-    for note in notes:
-        log.info("%s: %s", folder.name, note)
+    tensors = None
+    placement = Placement(device, dtype, vq_dtype, weights)
+    model = build_prompted(folder, config, sd, placement, notes, FIX)
     fmt = lumina_format(config.grid_size, config.cols) if lumina else FORMATS[family]
     encoder = PromptEncoder(tokenizer, fmt, tokenizer_path)
-    return LoadedPrompted(model, config, layout, encoder, vq, vq_source, notes)
+    return LoadedPrompted(model, config, layout, encoder, place_vq(vq, placement), vq_source, notes)

@@ -1,13 +1,16 @@
 """Published MoVQ tokenizer weights onto `models.movq.MoVQModel`: Emu3's vision tokenizer in transformers'
 layout (`Emu3ForConditionalGeneration` checkpoints such as `BAAI/Emu3-Gen-hf`: keys `vqmodel.*` as published,
-`model.vqmodel.*` as transformers saves them today) with its `vq_config`, and MoVQGAN (`ai-forever/MoVQGAN`,
-Lumina-mGPT 2.0's tokenizer: flat taming-style keys, sizes read from the tensors).
+`model.vqmodel.*` as transformers saves them today) with its `vq_config`; the same tokenizer in its original layout
+(`BAAI/Emu3-VisionTokenizer`, remote-code `Emu3VisionVQModel`: a folder of config.json with model_type
+"Emu3VisionVQ" and model.safetensors, keys `decoder.*`, `quantize.*`, `post_quant_conv.*` with taming-style module
+names, renamed here to transformers' names); and MoVQGAN (`ai-forever/MoVQGAN`, Lumina-mGPT 2.0's tokenizer: flat
+taming-style keys, sizes read from the tensors).
 
 Only the decoder path is read (codebook, post_quant_conv, temporal front, decoder): encoder and quant_conv keys (and
 MoVQGAN's training losses) are recognised and left out on purpose, because the pack never encodes images; any other
 key, and any decoder key missing or of the wrong shape, is a CheckpointError naming it. Emu3's causal 3-D kernels
-become the 2-D kernels of their last temporal tap (`models/movq.py` says why frame 0 needs nothing else). This
-module does not read files.
+become the 2-D kernels of their last temporal tap (`models/movq.py` says why frame 0 needs nothing else). Only
+`load_emu3_vision_tokenizer` reads files (through `checkpoint_io`); everything else maps tensors already read.
 """
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, shown
 from ..models.movq import MoVQConfig, MoVQModel
+from .checkpoint_io import read_checkpoint, read_json_object
 
 EMU3_PREFIXES = ("model.vqmodel.", "vqmodel.")
 SKIPPED = ("encoder.", "quant_conv.")  # the encoding path: not needed to decode
@@ -114,6 +118,119 @@ def _strict(model: MoVQModel, state: dict[str, torch.Tensor], source: str | Path
                                   fix)
     model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+EMU3_ORIGINAL_TYPE = "Emu3VisionVQ"  # config.json model_type of BAAI/Emu3-VisionTokenizer
+EMU3_ORIGINAL_FIX = "use the BAAI/Emu3-VisionTokenizer folder as downloaded (config.json and model.safetensors)"
+
+
+def emu3_original_vq_config(cfg: dict, where: str = "config.json") -> MoVQConfig:
+    """`MoVQConfig` from the original tokenizer's config.json (`Emu3VisionVQConfig`'s field names). The fields that
+    size the decoder (codebook_size, embed_dim, z_channels, ch, ch_mult, num_res_blocks, attn_resolutions,
+    temporal_downsample_factor) must all be there: a missing or invalid one is a ConfigError naming it.
+    out_channels may be left out (3, the only value the decoder builds); model_type, when given, must be
+    "Emu3VisionVQ". The encoder's fields (in_channels, double_z), dropout and transformers' bookkeeping are
+    ignored. Attention is single-head at each level's own width, as the original model builds it."""
+    def field(name: str) -> object:
+        if cfg.get(name) is None:
+            raise ConfigError(f"{where}.{name}", "a field of the Emu3 vision tokenizer's config",
+                              "no such field" if name not in cfg else None, EMU3_ORIGINAL_FIX)
+        return cfg[name]
+
+    def integer(value: object, name: str, low: int = 1) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{where}.{name}", f"an integer >= {low}", shown(value), EMU3_ORIGINAL_FIX)
+        return value
+
+    def integers(name: str, low: int, allow_empty: bool) -> tuple[int, ...]:
+        value = field(name)
+        if not isinstance(value, (list, tuple)) or not (value or allow_empty):
+            raise ConfigError(f"{where}.{name}", "a list of integers", shown(value), EMU3_ORIGINAL_FIX)
+        return tuple(integer(v, name, low) for v in value)
+
+    kind = cfg.get("model_type", EMU3_ORIGINAL_TYPE)
+    if kind != EMU3_ORIGINAL_TYPE:
+        raise ConfigError(f"{where}.model_type", f"'{EMU3_ORIGINAL_TYPE}' (BAAI/Emu3-VisionTokenizer's layout)",
+                          shown(kind), "for an Emu3-Gen-hf folder (model_type 'emu3') use its vq_config loader")
+    mult = integers("ch_mult", 1, allow_empty=False)
+    attn = integers("attn_resolutions", 0, allow_empty=True)
+    if any(level >= len(mult) for level in attn):
+        raise ConfigError(f"{where}.attn_resolutions", f"level indices in 0..{len(mult) - 1} (one per ch_mult entry)",
+                          list(attn), EMU3_ORIGINAL_FIX)
+    factor = integer(field("temporal_downsample_factor"), "temporal_downsample_factor")
+    if factor & (factor - 1):
+        raise ConfigError(f"{where}.temporal_downsample_factor", "a power of two", factor, EMU3_ORIGINAL_FIX)
+    if cfg.get("out_channels", 3) != 3:
+        raise ConfigError(f"{where}.out_channels", "3 (RGB, as released)", shown(cfg["out_channels"]),
+                          EMU3_ORIGINAL_FIX)
+    blocks = integer(field("num_res_blocks"), "num_res_blocks")
+    return MoVQConfig(codebook_size=integer(field("codebook_size"), "codebook_size"),
+                      embed_dim=integer(field("embed_dim"), "embed_dim"),
+                      z_channels=integer(field("z_channels"), "z_channels"), ch=integer(field("ch"), "ch"),
+                      ch_mult=mult, num_res_blocks=blocks, attn_levels=attn,
+                      temporal_blocks=blocks, temporal_upsamples=factor.bit_length() - 1)
+
+
+_ORIGINAL_RULES = (  # original module path -> transformers' (prefix already stripped), first match wins
+    (r"^decoder\.mid\.attn_1\.norm\.", "decoder.middle_block.attn_norm."),
+    (r"^decoder\.mid\.", "decoder.middle_block."),
+    (r"^decoder\.up\.(\d+)\.attn\.(\d+)\.norm\.", r"decoder.up_block.up.\1.attn_norms.\2."),
+    (r"^decoder\.up\.", "decoder.up_block.up."),
+)
+_ORIGINAL_PROJECTIONS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "proj_out": "out_proj"}
+
+
+def emu3_original_to_hf(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An original `Emu3VisionVQModel` state (BAAI/Emu3-VisionTokenizer) under transformers' `Emu3VQVAE` names,
+    prefixed `vqmodel.` as in an Emu3-Gen-hf checkpoint, so `emu3_vq_state` reads it. Renamed: the middle block
+    (`mid.` -> `middle_block.`, its attention norm `mid.attn_1.norm.` -> `middle_block.attn_norm.`), the up levels
+    (`up.N.` -> `up_block.up.N.`, attention norms `up.N.attn.M.norm.` -> `up_block.up.N.attn_norms.M.`) and the
+    attention projections (`q/k/v/proj_out` -> `q_proj/k_proj/v_proj/out_proj`, 1x1 conv kernels -> Linear
+    matrices); `quantize.*`, `post_quant_conv.*` and the temporal front keep their names. The encoder and
+    quant_conv are dropped (never used to decode); any other key is kept, prefixed, so a strict load names it."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in tensors.items():
+        if key.startswith(SKIPPED):
+            continue
+        name = key
+        for pattern, replacement in _ORIGINAL_RULES:
+            name, n = re.subn(pattern, replacement, name)
+            if n:
+                break
+        match = re.search(r"\.(attn_1|attn\.\d+)\.(q|k|v|proj_out)\.(weight|bias)$", name)
+        if match and name.startswith("decoder."):
+            head = name[:match.start(2)]
+            name = f"{head}{_ORIGINAL_PROJECTIONS[match.group(2)]}.{match.group(3)}"
+            if tensor.dim() == 4 and tensor.shape[2:] == (1, 1):
+                tensor = tensor.flatten(1)  # 1x1 conv (C, C, 1, 1) -> Linear (C, C)
+        out[f"vqmodel.{name}"] = tensor
+    return out
+
+
+def load_emu3_vision_tokenizer(folder_or_file: str | Path, dtype: torch.dtype = torch.float32) -> MoVQModel:
+    """The decoder of BAAI/Emu3-VisionTokenizer as published (original layout): a folder holding config.json and
+    model.safetensors, or that model.safetensors itself (its config.json beside it). Safetensors only. A strict
+    load into a model of `dtype`, the same `MoVQModel` as `load_emu3_vq` returns; weights that do not fit are a
+    CheckpointError naming model.safetensors, a config that does not a ConfigError naming the field."""
+    path = Path(folder_or_file)
+    weights = path / "model.safetensors" if path.is_dir() else path
+    if weights.suffix.lower() != ".safetensors":
+        raise CheckpointError(weights, "the tokenizer's model.safetensors (safetensors only)",
+                              f"a '{weights.suffix}' file", EMU3_ORIGINAL_FIX)
+    config_path = weights.parent / "config.json"
+    config = emu3_original_vq_config(read_json_object(config_path, EMU3_ORIGINAL_FIX), str(config_path))
+    tensors = read_checkpoint(weights).tensors
+    if any(key.startswith(EMU3_PREFIXES) for key in tensors):
+        raise CheckpointError(weights, "the original Emu3VisionVQModel keys (decoder.*, quantize.*, ...)",
+                              "transformers' layout (vqmodel.* keys)",
+                              "load an Emu3-Gen-hf folder with its vq_config instead")
+    if not any(key.startswith("decoder.") for key in tensors):
+        raise CheckpointError(weights, "Emu3 vision-tokenizer weights (keys under decoder.)",
+                              f"none (keys: {sorted(tensors)[:4]})", EMU3_ORIGINAL_FIX)
+    return _strict(MoVQModel(config).to(dtype), emu3_vq_state(emu3_original_to_hf(tensors), weights), weights,
+                   "the Emu3 vision tokenizer's decoder weights as config.json sizes them",
+                   "config.json and model.safetensors come from different models: " + EMU3_ORIGINAL_FIX)
+
 
 MOVQGAN_SKIPPED = ("encoder.", "quant_conv.", "loss.")  # the encoding path and the training losses
 

@@ -122,6 +122,30 @@ def test_every_mode_stays_within_its_budget_and_reads_the_host_once_per_iteratio
         assert count.rng_per_iteration == 0, count.kinds
 
 
+@pytest.mark.parametrize("layout", [label for label, _ in decode_counts.PROMPTED_LAYOUTS])
+def test_the_forced_token_layouts_stay_capturable_and_in_budget(layout):
+    """Emu3's and Lumina-mGPT 2.0's layouts (prompt prefix, forced end-of-row tokens; GQA without QK-norm, or
+    QK-norm), at their published depths on narrow layers: an AR step and a Jacobi iteration read nothing from the
+    host inside, make nothing off the device, draw no random numbers inside; the QK-norm costs its own kernels
+    per layer and nothing else differs."""
+    config = dict(decode_counts.PROMPTED_LAYOUTS)[layout]
+    device = torch.device("cpu")
+    from lantern_core.benchmarks.families import random_prompted
+
+    model = random_prompted(replace(config, n_layer=4), device, torch.float32)
+    ar = decode_counts.count_ar(model, SAMPLED, layout, device)
+    assert ar.per_layer <= LAYER_BUDGET[torch.float32] + (9 if config.qk_norm else 0), ar.parts
+    # + the end-of-row rule (`layout.constrain`: about 9 kernels) and the code -> token-id lookup: 42 when set
+    assert ar.kernels - ar.parts["target layers"] <= OUTSIDE_LAYERS_BUDGET + 12, ar.parts
+    for jacobi in (dict(decode_counts.LAYOUT_JACOBI)).values():
+        count = decode_counts.count_jacobi(model, jacobi, SAMPLED, None, layout, device)
+        assert count.beyond_forward <= MODE_BUDGETS["sjd_coupled 2-D w15 + next row w16"], count.parts
+        assert count.host_reads_in_step == 0 and count.host_reads_per_iteration <= 1.0, count.reads
+        assert not count.stray_factories and count.rng_kernels == 0
+    assert ar.host_reads_in_step == 0 and ar.host_reads_per_iteration == 0
+    assert not ar.stray_factories and ar.rng_kernels == 0
+
+
 def test_the_counter_sees_kernels_host_reads_and_stray_factories():
     """Each check can fail: views launch nothing, rms_norm is one kernel, and a CPU-made index, a tensor from a
     Python list, `.tolist()`, `bool()`, `nonzero` and a boolean-mask index are all caught."""

@@ -18,6 +18,8 @@ from lantern_core.models.movq import MoVQConfig
 emu3 = pytest.importorskip("transformers.models.emu3.modeling_emu3")
 from transformers import Emu3VQVAEConfig  # noqa: E402
 
+from tiny_emu3 import randomise_norms  # noqa: E402
+
 VQ_CONFIG = {  # Emu3VQVAEConfig's field names, sizes shrunk (attention width = the attending channels)
     "codebook_size": 24, "embed_dim": 4, "latent_channels": 4, "base_channels": 32, "channel_multiplier": [1, 2],
     "num_res_blocks": 1, "attn_resolutions": [1], "hidden_size": 64, "num_attention_heads": 1,
@@ -32,18 +34,7 @@ def reference() -> torch.nn.Module:
     config = Emu3VQVAEConfig(**VQ_CONFIG)
     config._attn_implementation = "sdpa"  # eager attention takes its softmax in float32; sdpa stays in float64
     model = emu3.Emu3VQVAE(config).double().eval()
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for module in model.modules():  # random norms and statistics, so every stored value matters
-            if isinstance(module, (torch.nn.BatchNorm3d, torch.nn.GroupNorm)):
-                module.weight.copy_(1 + 0.3 * torch.randn(module.weight.shape, generator=generator,
-                                                          dtype=torch.float64))
-                module.bias.copy_(0.3 * torch.randn(module.bias.shape, generator=generator, dtype=torch.float64))
-            if isinstance(module, torch.nn.BatchNorm3d):
-                module.running_mean.copy_(0.2 * torch.randn(module.running_mean.shape, generator=generator,
-                                                            dtype=torch.float64))
-                module.running_var.copy_(0.5 + torch.rand(module.running_var.shape, generator=generator,
-                                                          dtype=torch.float64))
+    randomise_norms(model, torch.Generator().manual_seed(1))
     return model
 
 

@@ -14,9 +14,11 @@ from lantern_core.config import SamplingConfig
 from lantern_core.loading.families import load_prompted
 from lantern_core.decoding.generate import generate
 from lantern_core.decoding.sampling import make_generators
+from tiny_emu3 import reference_emu3, write_hf_folder, write_original_folder
 from tiny_families import save_chameleon_folder, save_chameleon_vqgan, save_janus_folder, write_released_anole_drafter
 
 JANUS, ANOLE, ANOLE_NO_VQ, LUMINA = "Janus-Pro-tiny", "Anole-tiny", "Anole-tiny-no-vqgan", "Lumina-mGPT-tiny"
+EMU3_HF, EMU3, EMU3_NO_VQ = "Emu3-Gen-hf-tiny", "Emu3-Gen-tiny", "Emu3-Gen-tiny-no-vision-tokenizer"
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +34,10 @@ def folders(pack):
     save_chameleon_folder(root / ANOLE_NO_VQ, seed=3)
     save_chameleon_folder(root / LUMINA, seed=4, lumina=True)
     save_chameleon_vqgan(root / LUMINA / "vqgan.ckpt")
+    emu3 = reference_emu3()
+    write_hf_folder(root / EMU3_HF, emu3, published_names=True)
+    write_original_folder(root / EMU3, emu3)
+    write_original_folder(root / EMU3_NO_VQ, emu3, with_vision_tokenizer=False)
     return root
 
 
@@ -191,3 +197,33 @@ def test_lumina_draws_the_size_chosen_on_the_conditioning_node_and_other_familie
         node["LanternConditioning"].execute(model=janus, class_name="0", prompt="a cat", image_size="768x768")
     side = janus.config.grid_size * janus.vq.model.config.downsample
     assert f"auto or {side}x{side}" in str(caught.value)
+
+
+def test_emu3_folders_in_both_layouts_draw_the_chosen_size_and_decode(node, folders):
+    """Emu3-Gen-hf (the tokenizer inside) and the original Emu3-Gen (vision_tokenizer/ subfolder) load through
+    Lantern: Load Model; a size from the Conditioning node (8-pixel codes: 32x24 is 3 rows of 4) names its grid in
+    the prompt; coupled SJD keeps the end-of-line layout; the decode is that wide. The original layout without its
+    vision tokenizer is refused before anything runs, naming the subfolder."""
+    loader = node["LanternModelLoader"]
+    message = loader.validate_inputs(checkpoint=EMU3_NO_VQ + "/", vq_tokenizer="auto", text_encoder="none",
+                                     dtype="auto")
+    assert "vision_tokenizer/" in message and EMU3_NO_VQ in message
+    assert "comes with" in loader.validate_inputs(checkpoint=EMU3_HF + "/", vq_tokenizer="other.safetensors",
+                                                  text_encoder="none", dtype="auto")
+    dec = node["LanternDecodingConfig"].execute(mode="sjd_coupled", drafter=None, tree="auto", chain_length=4,
+                                                custom_tree="[[0]]", lantern_k=10, delta=0.1, lam=5.0,
+                                                eagle_depth=4, eagle_top_k=4, eagle_nodes=12).args[0]
+    for name, layout in ((EMU3_HF, "hf-emu3"), (EMU3, "emu3")):
+        model = load(node, name)
+        assert model.family == "chameleon" and model.layout == layout and not model.config.qk_norm
+        cond = node["LanternConditioning"].execute(model=model, class_name="0", prompt="a red cat",
+                                                   image_size="32x24").args[0]
+        assert cond.grid == (3, 4)
+        tokens = node["LanternSampler"].execute(model=model, conditioning=cond, decoding=dec, cfg=3.0,
+                                                temperature=1.0, top_k=20, top_p=1.0, seed=4, batch_size=1).args[0]
+        grid = tokens.tokens.view(3, 5)
+        eol = model.config.vocab_size - 1
+        assert (grid[:, -1] == eol).all() and (grid[:, :-1] != eol).all()
+        image = node["LanternDecode"].execute(tokens=tokens).args[0]
+        step = model.vq.model.config.downsample
+        assert image.shape == (1, 3 * step, 4 * step, 3)
