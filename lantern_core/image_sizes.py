@@ -4,7 +4,8 @@ Lumina-mGPT draws the sizes of Alpha-VLLM's bucket list for its target size (768
 widths and heights in 32-pixel steps on the staircase of largest areas within target², aspect ratio at
 most 4, as its item processor builds them; its prompt names the size, and two forced size tokens carry the
 height and width in 32-pixel steps (`prompts.lumina_format`). Each 16-pixel VQ code is one token, each row
-closed by an end-of-row token. Emu3 draws any aspect ratio at its config's `image_area` (518,400 px² for
+closed by an end-of-row token; Lumina-mGPT 2.0 takes the same sizes in 8-pixel MoVQGAN codes (96 x 96 at
+768 px). Emu3 draws any aspect ratio at its config's `image_area` (518,400 px² for
 Emu3-Gen): its processor turns a ratio w:h into rows = round(h * t / 8), cols = round(w * t / 8) with
 t = sqrt(area / (w * h)) (Python's rounding, halves to even) and names the grid in the prompt; each 8-pixel
 code is one token, each row closed by an end-of-line token. LlamaGen, Anole and Janus-Pro draw the one size
@@ -90,3 +91,14 @@ def emu3_grid(size: tuple[int, int]) -> tuple[int, int]:
         raise ConfigError("image_size", f"an aspect ratio of at most {EMU3_MAX_RATIO:g}:1 for Emu3",
                           format_size(size), "choose one of the listed sizes")
     return height // EMU3_PATCH, width // EMU3_PATCH
+
+
+LUMINA2_PATCH = 8  # pixels per MoVQGAN code (Lumina-mGPT 2.0): a 32-pixel size step is 4 codes
+
+
+def lumina2_grid(size: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) pixels -> (rows, cols) of Lumina-mGPT 2.0's 8-pixel codes: the same 32-pixel steps and
+    aspect ratios as Lumina-mGPT (its size tokens), four codes a step."""
+    rows, cols = lumina_grid(size)
+    scale = LUMINA_PATCH // LUMINA2_PATCH
+    return rows * scale, cols * scale

@@ -87,15 +87,16 @@ def lumina_size_token(pixels: int) -> str:
     return f"<reserved{8800 + pixels // 32:05d}>"
 
 
-def lumina_format(grid: int, cols: int = 0, patch: int = 16) -> PromptFormat:
+def lumina_format(grid: int, cols: int = 0, patch: int = 16, bos_token: str = "<s>") -> PromptFormat:
     """Lumina-mGPT's prompt for an image of `grid` rows of `cols` (default: grid) `patch`-pixel tokens (768 px
-    square: grid 48): the text names the size as width x height, then the image start and the height's and
-    the width's size tokens, as Alpha-VLLM's item processor lays an image out."""
+    square: grid 48; Lumina-mGPT 2.0's 8-pixel codes: grid 96, its own `bos_token`): the text names the size as
+    width x height, then the image start and the height's and the width's size tokens (32-pixel steps), as
+    Alpha-VLLM's item processor lays an image out."""
     height, width = grid * patch, (cols or grid) * patch
     sizes = (lumina_size_token(height), lumina_size_token(width))
     template = f"Generate an image of {width}x{height} according to the following prompt:\n" + "{prompt}"
     return PromptFormat(template=template, suffix=("<reserved08706>", "<racm3:break>", *sizes),
-                        uncond="suffix", bos_token="<s>", uncond_suffix=("<racm3:break>", *sizes))
+                        uncond="suffix", bos_token=bos_token, uncond_suffix=("<racm3:break>", *sizes))
 
 
 EMU3_POSITIVE = " masterpiece, film grained, best quality."

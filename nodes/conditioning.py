@@ -95,7 +95,7 @@ def encode_prompt(model: LanternModel, prompt: str, grid: tuple[int, int] | None
     if not prompt.strip():
         raise LanternError(f"'{model.name}' is a text-to-image model: write a prompt")
     encoder = (model.prompt_encoder if grid is None
-               else model.prompt_encoder.with_format(format_for_grid(model.layout, *grid)))
+               else model.prompt_encoder.with_format(format_for_grid(model.layout, *grid, model.prompt_encoder.format)))
     condition = encoder.encode([prompt])
     limit = model.config.cls_token_num
     if condition.prompt_ids.shape[1] > limit:

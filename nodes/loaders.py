@@ -22,17 +22,19 @@ DESCRIPTION = ("Loads a visual autoregressive model (LlamaGen c2i/t2i, Anole / C
 DTYPE_CHOICES = ["auto", *runtime.DTYPES]
 WEIGHT_CHOICES = list(runtime.WEIGHT_CHOICES)
 CHAMELEON_VQGAN_URL = PublicFile(*CHAMELEON_VQGAN, "lantern_vq", "vqgan.ckpt").url
+MOVQGAN_URL = "https://huggingface.co/ai-forever/MoVQGAN/resolve/main/movqgan_270M.ckpt"
 
 
 def resolve_family_vq(folder: Path, family: str, vq_tokenizer: str) -> Path | None:
     """Prompted families: None = the VQ inside the folder (Janus-Pro's and Emu3-Gen-hf's checkpoints, Chameleon's
-    vqgan file, the original Emu3's vision_tokenizer/ subfolder), or a Chameleon VQGAN chosen from
-    models/lantern/vq."""
+    vqgan file, the original Emu3's vision_tokenizer/ subfolder, Lumina-mGPT 2.0's movqgan_270M.ckpt), or a file
+    chosen from models/lantern/vq (Chameleon's VQGAN, MoVQGAN)."""
     from ..lantern_core.errors import LanternError
     from ..lantern_core.loading.emu3 import find_vision_tokenizer
-    from ..lantern_core.loading.families import VQGAN_NAMES, detect_family, find_file
+    from ..lantern_core.loading.families import VQGAN_NAMES, find_file, folder_layout
+    from ..lantern_core.loading.lumina2 import find_movqgan
 
-    layout = detect_family(folder)[1]
+    layout = folder_layout(folder)[1]
     emu3 = layout in ("emu3", "hf-emu3")
     if vq_tokenizer != "auto":
         if family == "janus" or emu3:
@@ -43,6 +45,12 @@ def resolve_family_vq(folder: Path, family: str, vq_tokenizer: str) -> Path | No
         raise LanternError(f"'{folder.name}' (Emu3, original layout) has no vision tokenizer: put the files of "
                            "BAAI/Emu3-VisionTokenizer (config.json, model.safetensors) into its vision_tokenizer/ "
                            "subfolder, or use BAAI/Emu3-Gen-hf, which holds it")
+    if layout == "hf-lumina2":
+        if find_movqgan(folder, None) is None:
+            raise LanternError(f"'{folder.name}' (Lumina-mGPT 2.0) has no MoVQGAN: put movqgan_270M.ckpt into the "
+                               "folder, or into models/lantern/vq and choose it in vq_tokenizer. It is published at "
+                               f"{MOVQGAN_URL}")
+        return None
     if family == "chameleon" and not emu3 and find_file(folder, VQGAN_NAMES) is None:
         raise LanternError(f"'{folder.name}' has no Chameleon VQGAN: put vqgan.ckpt (or vqgan.safetensors) into the "
                            "folder (or its tokenizer/ subfolder), or put it in models/lantern/vq and choose it in "

@@ -133,9 +133,11 @@ def load_family_model(folder: Path, vq_path: Path | None, precision: Precision, 
         from ..lantern_core.errors import LanternError
 
         if vq is None:
-            where = ("put BAAI/Emu3-VisionTokenizer's files (config.json, model.safetensors) in its vision_tokenizer/ "
-                     "subfolder" if loaded.source_format == "emu3" else
-                     "put Chameleon's vqgan.ckpt in the folder or choose it in vq_tokenizer")
+            where = {"emu3": "put BAAI/Emu3-VisionTokenizer's files (config.json, model.safetensors) in its "
+                              "vision_tokenizer/ subfolder",
+                     "hf-lumina2": "put movqgan_270M.ckpt (ai-forever/MoVQGAN) in the folder or choose it in "
+                                   "vq_tokenizer"}.get(loaded.source_format, "put Chameleon's vqgan.ckpt in the folder "
+                                                                            "or choose it in vq_tokenizer")
             raise LanternError(f"'{name}' has no image tokenizer: {where}")
         codes = loaded.config.vocab_size - int(loaded.config.row_end)  # Lumina's end-of-row token is no VQ code
         if vq.config.codebook_size != codes:

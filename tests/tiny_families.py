@@ -344,3 +344,25 @@ def write_released_lumina_drafter(folder, reference, seed=8, **overrides):
     save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     return layer, fc, sd["embed_tokens.weight"], config
+
+
+def lumina_reference_greedy(reference, encoder, config, image_ids, prompt: str, cfg: float) -> list[int]:
+    """Lumina-mGPT's generator (1.0 and 2.0 alike), step by step, on transformers' model: full forwards (no cache)
+    of the conditional and unconditional contexts, CFG on raw logits, then the row constraint (the row end after
+    every `config.cols` codes, image tokens `image_ids` elsewhere)."""
+    cond = encoder.token_ids(prompt)
+    uncond = encoder.uncond_ids(cond)
+    row_end = encoder.tokenizer.token_to_id("<reserved08799>")
+    out: list[int] = []
+    for i in range(config.num_image_tokens):
+        with torch.no_grad():
+            logits = [reference.lm_head(reference.model(input_ids=torch.tensor([ctx + out])).last_hidden_state)[0, -1]
+                      for ctx in (cond, uncond)]
+        mixed = logits[1] + cfg * (logits[0] - logits[1])
+        if (i + 1) % (config.cols + 1) == 0:
+            out.append(row_end)
+            continue
+        allowed = torch.full_like(mixed, float("-inf"))
+        allowed[image_ids] = 0
+        out.append(int((mixed + allowed).argmax()))
+    return out

@@ -26,7 +26,8 @@ folder or its `tokenizer/` / `vqgan/` subfolder) for Chameleon. Nothing is downl
 Weight renaming is `family_io.py`; model code is the shared trunk (`models/prompted.py`); the build every
 prompted loader shares is `prompted_build.py`. Emu3 folders (model_type "Emu3", the original release, or "emu3",
 transformers') are recognised here and loaded by `emu3.py`. Lumina-mGPT and Emu3 draw many sizes
-(`SIZED_LAYOUTS`: a size -> a grid -> the prompt that names it).
+(`SIZED_LAYOUTS`: a size -> a grid -> the prompt that names it). Lumina-mGPT 2.0 (a Lumina config whose
+vocabulary names MoVQGAN image tokens) is loaded by `lumina2.py`.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import torch
 
 from ..config import GPTConfig
 from ..errors import CheckpointError, ConfigError
-from ..image_sizes import LUMINA_PATCH, emu3_grid, format_size, lumina_grid
+from ..image_sizes import LUMINA_PATCH, emu3_grid, format_size, lumina2_grid, lumina_grid
 from ..models.quantized import scheme_named
 from ..models.vq import VQModel
 from ..prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, PromptFormat, chameleon_image_token_ids, emu3_format,
@@ -45,6 +46,7 @@ from ..prompts import (FORMATS, LUMINA_ROW_END, PromptEncoder, PromptFormat, cha
 from .checkpoint_io import read_checkpoint, read_json_object
 from .checkpoints import infer_vq_config, load_state_strict, read_hf_folder
 from .emu3 import Emu3Request, load_emu3
+from .lumina2 import Lumina2Request, is_lumina2, load_lumina2, lumina2_format
 from .family_io import chameleon_state, janus_state, taming_to_ours
 from .prompted_build import (LoadedPrompted, Placement, build_prompted, decoder_shape, place_vq, positive,  # noqa: F401
                              section)
@@ -77,6 +79,17 @@ def detect_family(folder: str | Path, cfg: dict | None = None) -> tuple[str, str
         raise CheckpointError(folder / "config.json", f"model_type one of {sorted(LAYOUTS)} (Chameleon / Anole / "
                               "Lumina-mGPT, Janus-Pro, Emu3)", repr(model_type), FIX)
     return LAYOUTS[model_type]
+
+
+def folder_layout(folder: str | Path, cfg: dict | None = None) -> tuple[str, str]:
+    """(family, layout) with Lumina-mGPT told apart from Anole: "hf-lumina2" (2.0), "hf-lumina" (1.0), else
+    `detect_family`'s layout."""
+    folder = Path(folder)
+    cfg = read_config(folder) if cfg is None else cfg
+    family, layout = detect_family(folder, cfg)
+    if layout == "hf-chameleon" and is_lumina(folder, cfg):
+        layout = "hf-lumina2" if is_lumina2(cfg) else "hf-lumina"
+    return family, layout
 
 
 def family_of(path: str | Path) -> str | None:
@@ -132,6 +145,7 @@ def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = Fals
     vq = section(cfg, "vq_config")
     codes = positive(vq.get("num_embeddings", vq.get("n_embed", 8192)), "config.json vq_config.num_embeddings",
                       integer=True)
+    cfg = {"rms_norm_eps": 1e-5, **cfg}  # transformers' ChameleonConfig default (Llama's is 1e-6)
     return GPTConfig(**decoder_shape(cfg, "config.json"), vocab_size=codes + int(row_end),
                      model_type="prompt", family="chameleon", qk_norm=True, swin_norm=bool(cfg.get("swin_norm")),
                      rope_dims=1, grid_size=grid, grid_cols=0 if cols == grid else cols, cls_token_num=max_prompt,
@@ -265,8 +279,8 @@ def choose_grid(folder: Path, family: str, lumina: bool, native: int, size: tupl
 
 
 # layouts that draw many sizes: their prompt names the size, so a size is a grid and a prompt format
-SIZED_LAYOUTS = {"hf-lumina": (lumina_grid, lumina_format), "emu3": (emu3_grid, emu3_format),
-                 "hf-emu3": (emu3_grid, emu3_format)}
+SIZED_LAYOUTS = {"hf-lumina": (lumina_grid, lumina_format), "hf-lumina2": (lumina2_grid, lumina2_format),
+                 "emu3": (emu3_grid, emu3_format), "hf-emu3": (emu3_grid, emu3_format)}
 
 
 def grid_for_size(layout: str, size: tuple[int, int]) -> tuple[int, int]:
@@ -274,8 +288,11 @@ def grid_for_size(layout: str, size: tuple[int, int]) -> tuple[int, int]:
     return SIZED_LAYOUTS[layout][0](size)
 
 
-def format_for_grid(layout: str, rows: int, cols: int) -> PromptFormat:
-    """The prompt format that asks a `SIZED_LAYOUTS` model for a grid of `rows` x `cols` codes."""
+def format_for_grid(layout: str, rows: int, cols: int, current: PromptFormat | None = None) -> PromptFormat:
+    """The prompt format that asks a `SIZED_LAYOUTS` model for a grid of `rows` x `cols` codes (`current`: the
+    loaded format, whose BOS a layout with its own BOS keeps)."""
+    if layout == "hf-lumina2":
+        return lumina2_format(rows, cols, current.bos_token if current is not None else "<s>")
     return SIZED_LAYOUTS[layout][1](rows, cols)
 
 
@@ -315,6 +332,9 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     if layout in EMU3_LAYOUTS.values():
         request = Emu3Request(layout, grid_size, image_size, max_prompt_tokens, vqgan)
         return load_emu3(folder, cfg, request, Placement(device, dtype, vq_dtype, weights))
+    if family == "chameleon" and is_lumina(folder, cfg) and is_lumina2(cfg):
+        request = Lumina2Request(grid_size, image_size, max_prompt_tokens, vqgan)
+        return load_lumina2(folder, cfg, request, Placement(device, dtype, vq_dtype, weights))
     notes: list[str] = []
     lumina = family == "chameleon" and is_lumina(folder, cfg)
     if lumina:

@@ -26,7 +26,8 @@ from lantern_core.decoding.trees.driver import speculative_generate
 from lantern_core.decoding.acceptance.neighbors import build_neighbors
 from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57
-from tests.tiny_families import IMAGE_CODES, chameleon_vocab, save_chameleon_folder, save_chameleon_vqgan
+from tests.tiny_families import (IMAGE_CODES, chameleon_vocab, lumina_reference_greedy, save_chameleon_folder,
+                                 save_chameleon_vqgan)
 
 GRID = 4  # 4 rows of 4 codes + an end-of-row token: 20 image tokens
 
@@ -99,28 +100,6 @@ def test_greedy_lumina_image_equals_the_reference_generator(lumina):
         expected = reference_greedy(reference, loaded, prompt, 3.0)
         assert loaded.model.image.token_ids[ours].tolist() == expected
         assert len(set(expected)) > 4
-
-
-def lumina_reference_greedy(reference, encoder, config, image_ids, prompt: str, cfg: float) -> list[int]:
-    """Lumina's generator, step by step, on transformers' model: full forwards (no cache) of the conditional
-    and unconditional contexts, CFG on raw logits, then the row constraint (the row end after every
-    `config.cols` codes)."""
-    cond = encoder.token_ids(prompt)
-    uncond = encoder.uncond_ids(cond)
-    row_end = encoder.tokenizer.token_to_id("<reserved08799>")
-    out: list[int] = []
-    for i in range(config.num_image_tokens):
-        with torch.no_grad():
-            logits = [reference.lm_head(reference.model(input_ids=torch.tensor([ctx + out])).last_hidden_state)[0, -1]
-                      for ctx in (cond, uncond)]
-        mixed = logits[1] + cfg * (logits[0] - logits[1])
-        if (i + 1) % (config.cols + 1) == 0:
-            out.append(row_end)
-            continue
-        allowed = torch.full_like(mixed, float("-inf"))
-        allowed[image_ids] = 0
-        out.append(int((mixed + allowed).argmax()))
-    return out
 
 
 def layout_ok(config, tokens: torch.Tensor) -> bool:

@@ -19,6 +19,7 @@ emu3 = pytest.importorskip("transformers.models.emu3.modeling_emu3")
 from transformers import Emu3VQVAEConfig  # noqa: E402
 
 from tiny_emu3 import randomise_norms  # noqa: E402
+from tiny_lumina2 import MOVQGAN, reference_movqgan  # noqa: E402
 
 VQ_CONFIG = {  # Emu3VQVAEConfig's field names, sizes shrunk (attention width = the attending channels)
     "codebook_size": 24, "embed_dim": 4, "latent_channels": 4, "base_channels": 32, "channel_multiplier": [1, 2],
@@ -141,24 +142,10 @@ def test_the_config_follows_the_published_fields_and_refuses_odd_ones():
         emu3_vq_config({"hidden_size": 512})
 
 
-MOVQGAN = dict(n_embed=40, embed_dim=4, ddconfig={"double_z": False, "z_channels": 4, "resolution": 32,
-                                                  "in_channels": 3, "out_ch": 3, "ch": 32, "ch_mult": [1, 2, 2],
-                                                  "num_res_blocks": 1, "attn_resolutions": [8], "dropout": 0.0})
-
-
 @pytest.fixture(scope="module")
 def movqgan_ref():
-    from tests.reference_movqgan import MoVQGAN
-
-    torch.manual_seed(3)
-    model = MoVQGAN(**MOVQGAN).double().eval()
-    generator = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.GroupNorm):
-                module.weight.copy_(1 + 0.3 * torch.randn(module.weight.shape, generator=generator,
-                                                          dtype=torch.float64))
-                module.bias.copy_(0.3 * torch.randn(module.bias.shape, generator=generator, dtype=torch.float64))
+    model = reference_movqgan(3)
+    generator = torch.Generator().manual_seed(5)
     indices = torch.randint(0, MOVQGAN["n_embed"], (2, GRID[0] * GRID[1]), generator=generator)
     with torch.no_grad():
         image = model.decode_code(indices, GRID)

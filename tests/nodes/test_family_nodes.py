@@ -15,10 +15,12 @@ from lantern_core.loading.families import load_prompted
 from lantern_core.decoding.generate import generate
 from lantern_core.decoding.sampling import make_generators
 from tiny_emu3 import reference_emu3, write_hf_folder, write_original_folder
+from tiny_lumina2 import save_lumina2_folder
 from tiny_families import save_chameleon_folder, save_chameleon_vqgan, save_janus_folder, write_released_anole_drafter
 
 JANUS, ANOLE, ANOLE_NO_VQ, LUMINA = "Janus-Pro-tiny", "Anole-tiny", "Anole-tiny-no-vqgan", "Lumina-mGPT-tiny"
 EMU3_HF, EMU3, EMU3_NO_VQ = "Emu3-Gen-hf-tiny", "Emu3-Gen-tiny", "Emu3-Gen-tiny-no-vision-tokenizer"
+LUMINA2, LUMINA2_NO_VQ = "Lumina-mGPT-2.0-tiny", "Lumina-mGPT-2.0-tiny-no-movqgan"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,8 @@ def folders(pack):
     write_hf_folder(root / EMU3_HF, emu3, published_names=True)
     write_original_folder(root / EMU3, emu3)
     write_original_folder(root / EMU3_NO_VQ, emu3, with_vision_tokenizer=False)
+    save_lumina2_folder(root / LUMINA2)
+    save_lumina2_folder(root / LUMINA2_NO_VQ, with_movqgan=False)
     return root
 
 
@@ -227,3 +231,28 @@ def test_emu3_folders_in_both_layouts_draw_the_chosen_size_and_decode(node, fold
         image = node["LanternDecode"].execute(tokens=tokens).args[0]
         step = model.vq.model.config.downsample
         assert image.shape == (1, 3 * step, 4 * step, 3)
+
+
+def test_lumina2_folder_draws_the_chosen_size_in_8_pixel_codes(node, folders):
+    """Lumina-mGPT 2.0 through the nodes: its MoVQGAN from the folder (a folder without one is refused before
+    anything runs, naming movqgan_270M.ckpt), a size from the Conditioning node in 32-pixel steps of 4 codes, its
+    end-of-row layout under coupled SJD, and the decode at that size."""
+    message = node["LanternModelLoader"].validate_inputs(checkpoint=LUMINA2_NO_VQ + "/", vq_tokenizer="auto",
+                                                         text_encoder="none", dtype="auto")
+    assert "movqgan_270M.ckpt" in message and LUMINA2_NO_VQ in message
+    model = load(node, LUMINA2)
+    assert model.layout == "hf-lumina2" and model.config.qk_norm and model.config.grid_shape == (96, 96)
+    cond = node["LanternConditioning"].execute(model=model, class_name="0", prompt="a red cat",
+                                               image_size="64x32").args[0]
+    assert cond.grid == (4, 8)
+    dec = node["LanternDecodingConfig"].execute(mode="sjd_coupled", drafter=None, tree="auto", chain_length=4,
+                                                custom_tree="[[0]]", lantern_k=10, delta=0.1, lam=5.0,
+                                                eagle_depth=4, eagle_top_k=4, eagle_nodes=12).args[0]
+    tokens = node["LanternSampler"].execute(model=model, conditioning=cond, decoding=dec, cfg=4.0, temperature=1.0,
+                                            top_k=20, top_p=1.0, seed=4, batch_size=1).args[0]
+    grid = tokens.tokens.view(4, 9)
+    eol = model.config.vocab_size - 1
+    assert (grid[:, -1] == eol).all() and (grid[:, :-1] != eol).all()
+    image = node["LanternDecode"].execute(tokens=tokens).args[0]
+    step = model.vq.model.config.downsample
+    assert image.shape == (1, 4 * step, 8 * step, 3)
