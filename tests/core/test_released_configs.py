@@ -83,7 +83,7 @@ def test_janus_pro_1b_field_set_loads_with_llamas_defaults_and_matches_transform
     language = janus_1b_style_language_config(reference)
     assert tuple(language) == JANUS_PRO_1B_LANGUAGE_FIELDS and "num_key_value_heads" not in language
     save_deepseek_janus_folder(tmp_path, reference, language_config=language)
-    with caplog.at_level("INFO", logger="lantern_core.loading.families"):
+    with caplog.at_level("INFO", logger="lantern_core.loading"):
         loaded = load_prompted(tmp_path, grid_size=4)
     assert loaded.source_format == "deepseek-janus"
     config = loaded.config
