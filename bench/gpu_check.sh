@@ -32,7 +32,7 @@ STEPS="
 1 iteration_cost 100
 2 speculative     75
 2 batched         75
-2 families       125
+2 families       100
 2 prefix_states   30
 2 decode          25
 2 quantization   115
@@ -107,9 +107,8 @@ step_command() {  # CMD: step $1's command, with the GPU's arguments or (dry) ti
            sjd_2d_relaxed)
       tiny=(--images 1 --round 1 --batches 1 --only "lantern_pp") ;;
     families)
-      gpu=(--dtype bfloat16 --images 1 --grid 16 --models chameleon:7b lumina:7b janus:1b emu3:8b lumina2:7b)
-      tiny=(--images 1 --grid 4 --train-steps 0 --models chameleon:micro lumina:micro janus:micro emu3:micro
-            lumina2:micro) ;;
+      gpu=(--dtype bfloat16 --images 1 --grid 16 --models chameleon:7b lumina:7b janus:1b emu3:8b)
+      tiny=(--images 1 --grid 4 --train-steps 0 --models chameleon:micro lumina:micro janus:micro emu3:micro) ;;
     prefix_states)
       gpu=(--dtype bfloat16 --model GPT-XL --repeats 2)
       tiny=(--model tiny --grid 2 --repeats 1) ;;

@@ -1,7 +1,7 @@
 """A tiktoken-format byte-pair encoder, for tokenizers published as a rank file (Emu3's `emu3.tiktoken`).
 
-Emu3's original release ships its text tokenizer as `emu3.tiktoken` (one `base64(token bytes) rank` line per
-token) plus `emu3_vision_tokens.txt` (the image special tokens), read by remote code through the `tiktoken`
+Emu3's original release ships its text tokenizer as `emu3.tiktoken` (one line per token: its bytes in Base64, then
+its rank) plus `emu3_vision_tokens.txt` (the image special tokens), read by remote code through the `tiktoken`
 package. This module encodes text the same way without that package or any remote code: special tokens
 are split out first (every special token is allowed in text, tiktoken's `allowed_special="all"`, the
 earliest match winning and, at one position, the one listed first), the rest is cut into pieces by the
@@ -12,8 +12,8 @@ rank. `TiktokenBPE` answers the calls `prompts.PromptEncoder` makes of a `tokeni
 """
 from __future__ import annotations
 
-import base64
 import binascii
+import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,9 @@ QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|
                 r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
+ENCODED = re.compile(rb"[A-Za-z0-9+/]+={0,2}")  # a token's bytes as its rank file writes them
+
+
 @dataclass(frozen=True)
 class Encoding:
     """What `encode` returns: the ids, as `tokenizers.Encoding.ids`."""
@@ -34,7 +37,7 @@ class Encoding:
 
 def read_ranks(path: str | Path) -> dict[bytes, int]:
     """A tiktoken rank file -> {token bytes: rank}; a CheckpointError naming the file and line when a line is
-    not `base64 rank` or a rank repeats."""
+    not `<Base64 bytes> <rank>` or a rank repeats (the bytes are read with `binascii`, nothing is run)."""
     path = Path(path)
     fix = "use the emu3.tiktoken that ships with the model (download it again)"
     try:
@@ -48,11 +51,13 @@ def read_ranks(path: str | Path) -> dict[bytes, int]:
             continue
         fields = line.split()
         try:
-            token, rank = base64.b64decode(fields[0], validate=True), int(fields[1])
+            if not ENCODED.fullmatch(fields[0]):
+                raise ValueError
+            token, rank = binascii.a2b_base64(fields[0]), int(fields[1])
             if len(fields) != 2 or rank < 0:
                 raise ValueError
         except (IndexError, ValueError, binascii.Error) as exc:
-            raise CheckpointError(path, f"'<base64 token> <rank>' on line {number}", repr(line[:60]), fix) from exc
+            raise CheckpointError(path, f"'<Base64 bytes> <rank>' on line {number}", repr(line[:60]), fix) from exc
         if rank in seen or token in ranks:
             raise CheckpointError(path, f"each token and rank once (line {number})", f"rank {rank} repeated", fix)
         ranks[token] = rank

@@ -81,6 +81,9 @@ def _hf_folder(choice: str, repo: str, folder: str, weights: list[str],
 
 
 CHAMELEON_VQGAN = "GAIR/Anole-7b-v0.1", "tokenizer/vqgan.ckpt"  # Chameleon's VQGAN, for Anole and Lumina-mGPT
+MOVQGAN_270M = "ai-forever/MoVQGAN", "movqgan_270M.ckpt"  # Lumina-mGPT 2.0's image tokenizer
+# the original Emu3-Gen's image tokenizer (its config.json comes from the same repository, into the same folder)
+EMU3_VISION_TOKENIZER = "BAAI/Emu3-VisionTokenizer", "model.safetensors"
 SAFETENSORS_SHARDS = "model-{:05d}-of-{:05d}.safetensors"
 BIN_SHARDS = "pytorch_model-{:05d}-of-{:05d}.bin"
 
@@ -106,6 +109,11 @@ MODELS: tuple[PublicModel, ...] = (
     _hf_folder("Lumina-mGPT-7B-768/", "Alpha-VLLM/Lumina-mGPT-7B-768", "lantern_checkpoints",
                _shards(SAFETENSORS_SHARDS, 2),
                (_file(*CHAMELEON_VQGAN, "lantern_checkpoints", "Lumina-mGPT-7B-768/vqgan.ckpt"),)),
+    _hf_folder("Lumina-mGPT-2.0/", "Alpha-VLLM/Lumina-mGPT-2.0", "lantern_checkpoints", _shards(SAFETENSORS_SHARDS, 4),
+               (_file(*MOVQGAN_270M, "lantern_checkpoints", "Lumina-mGPT-2.0/movqgan_270M.ckpt"),)),
+    _hf_folder("Emu3-Gen-hf/", "BAAI/Emu3-Gen-hf", "lantern_checkpoints", _shards(SAFETENSORS_SHARDS, 8)),
+    _hf_folder("Emu3-Gen/", "BAAI/Emu3-Gen", "lantern_checkpoints", _shards(SAFETENSORS_SHARDS, 7),
+               (_file(*EMU3_VISION_TOKENIZER, "lantern_checkpoints", "Emu3-Gen/vision_tokenizer/model.safetensors"),)),
     _hf_folder("Janus-Pro-7B/", "deepseek-ai/Janus-Pro-7B", "lantern_checkpoints", _shards(BIN_SHARDS, 2)),
     _hf_folder("Janus-Pro-1B/", "deepseek-ai/Janus-Pro-1B", "lantern_checkpoints", ["pytorch_model.bin"]),
 )
