@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .conditioning import Condition
-from .config import SamplingConfig
+from .config import KV_CACHE_FORMATS, SamplingConfig
 from .decoding.trees.drafting import DynamicShape
 from .decoding.jacobi.config import INITS
 from .decoding.modes import MODES, SJD_RELAXATIONS, TREES, JacobiWidgets, ModeSettings, build_mode
@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--weights", default="none", choices=WEIGHT_CHOICES,
                    help="weight-only quantization of the target's blocks at load (int8 or fp8, per-channel scales); "
                         "embeddings, norms, head and drafter stay in --dtype")
+    g.add_argument("--kv-cache", default="auto", choices=KV_CACHE_FORMATS,
+                   help="the target's attention keys and values: auto (in --dtype) or int8 (8 bits with per-head, "
+                        "per-position scales: about half the memory, a slightly different law)")
     g.add_argument("--out", type=Path, default=Path("outputs"), help="folder for the PNGs")
     g.add_argument("--json", action="store_true", help="print stats as JSON")
     g.add_argument("--model", type=Path, default=None,
@@ -169,18 +172,20 @@ def load_target(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         size = None if args.size is None else parse_size(args.size, "--size")
         loaded = load_prompted(args.model, device=device, dtype=dtype, grid_size=args.grid_size, vq_dtype=torch.float32,
                                vqgan=args.vqgan, image_size=size, weights=args.weights)
+        loaded.model.set_kv_cache(args.kv_cache)
         if loaded.vq is None:
             raise LanternError(f"'{args.model}' has no image tokenizer: put Chameleon's vqgan.ckpt in the folder "
                                "or pass --vqgan FILE")
         prompts = [p for p in args.prompt for _ in range(args.batch)]
         image_ids = getattr(getattr(loaded.model, "image", None), "token_ids", None)  # Chameleon code -> token id
-        return CliModel(loaded.model, loaded.config, loaded.vq.to(device), loaded.encoder.encode(prompts, device),
+        return CliModel(loaded.model, loaded.model.config, loaded.vq.to(device), loaded.encoder.encode(prompts, device),
                         prompts, [f"loaded {loaded.source_format}"], None if image_ids is None else image_ids.cpu())
     if args.size is not None:
         raise ConfigError("--size", "a prompted family's folder (--model)", args.size,
                           "LlamaGen draws the square its checkpoint was trained at: leave --size out")
     gpt = load_gpt(args.gpt, grid_size=args.grid_size, device=device, dtype=dtype, n_head=args.n_head,
                    weights=args.weights)
+    gpt.model.set_kv_cache(args.kv_cache)
     vq_path = args.vq or (EMBEDDED_VQ if Path(args.gpt).resolve() == EMBEDDED_GPT else None)
     if vq_path is None:
         raise LanternError("--vq is required with a non-embedded GPT: pass the VQ tokenizer file "

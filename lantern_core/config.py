@@ -15,6 +15,7 @@ from .errors import ConfigError
 ModelType = Literal["c2i", "t2i", "prompt"]
 Family = Literal["llamagen", "chameleon", "janus"]
 FAMILIES: tuple[str, ...] = ("llamagen", "chameleon", "janus")
+KV_CACHE_FORMATS = ("auto", "int8")  # "auto": keys and values in the model's dtype
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -53,7 +54,9 @@ class GPTConfig:
     slots), `text_vocab_size` (the language model's vocabulary, prompt tokens), `image_embed_dim` (Janus:
     the codebook embedding width; its aligner and generation head are `dim` wide), `row_end` (Lumina-mGPT:
     every image row of `cols` codes is followed by a forced end-of-row token, image code
-    `vocab_size - 1`, so an image is rows * (cols + 1) tokens; see `layout.py`).
+    `vocab_size - 1`, so an image is rows * (cols + 1) tokens; see `layout.py`). `kv_cache` is how a run stores
+    keys and values: "auto" in the model's dtype, "int8" with per-entry scales (`models/kv_cache.py`: about half
+    the memory, a slightly different law); the weights' shapes do not depend on it.
     """
 
     dim: int = 768
@@ -77,8 +80,11 @@ class GPTConfig:
     image_embed_dim: int = 0
     row_end: bool = False
     grid_cols: int = 0
+    kv_cache: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kv_cache not in KV_CACHE_FORMATS:
+            raise ConfigError("GPTConfig.kv_cache", f"one of {KV_CACHE_FORMATS}", self.kv_cache)
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
         check_grid_cols("GPTConfig", self.grid_cols, self.grid_size, self.rope_dims)

@@ -24,6 +24,7 @@ from comfy.patcher_extension import CallbacksMP
 from ..lantern_core.decoding import step_graphs
 from ..lantern_core.loading.checkpoints import load_gpt, load_vq
 
+from ..lantern_core.config import KV_CACHE_FORMATS as KV_CACHE_CHOICES
 from ..lantern_core.errors import check_choice
 from ..lantern_core.models.quantized import WEIGHT_CHOICES
 from .types import LanternDrafter, LanternModel, target_key
@@ -35,13 +36,16 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 @dataclass(frozen=True)
 class Precision:
-    """How a target's weights are held: the compute dtype, and "none", "int8" or "fp8" for the blocks' linears."""
+    """How a target's weights are held: the compute dtype, and "none", "int8" or "fp8" for the blocks' linears;
+    and how its runs keep keys and values ("auto": in the dtype, "int8": 8-bit with scales)."""
 
     dtype: torch.dtype
     weights: str = "none"
+    kv_cache: str = "auto"
 
     def __post_init__(self):
         check_choice("weights", self.weights, WEIGHT_CHOICES)
+        check_choice("kv_cache", self.kv_cache, KV_CACHE_CHOICES)
 
 
 _REGISTRY: "weakref.WeakValueDictionary[tuple, LanternModel]" = weakref.WeakValueDictionary()
@@ -89,13 +93,14 @@ def load_model(gpt_path: Path, vq_path: Path, text_encoder_path: Path | None, pr
                name: str) -> LanternModel:
     """Load (or reuse) a model. Identical loads share one copy; weights wait on the offload device."""
     dtype = precision.dtype
-    key = (str(gpt_path), str(vq_path), str(text_encoder_path), str(dtype), precision.weights)
+    key = (str(gpt_path), str(vq_path), str(text_encoder_path), str(dtype), precision.weights, precision.kv_cache)
     with _REGISTRY_LOCK:
         cached = _REGISTRY.get(key)
         if cached is not None:
             return cached
         offload = mm.unet_offload_device()
         gpt = load_gpt(gpt_path, device=offload, dtype=dtype, weights=precision.weights)
+        gpt.model.set_kv_cache(precision.kv_cache)
         vq = load_vq(vq_path, device=offload, dtype=torch.float32)  # small; fp32 keeps decodes exact
         encoder = tokenizer = None
         if gpt.config.model_type == "t2i":
@@ -121,7 +126,7 @@ def load_family_model(folder: Path, vq_path: Path | None, precision: Precision, 
     from ..lantern_core.loading.families import load_prompted
 
     dtype = precision.dtype
-    key = ("family", str(folder), str(vq_path), str(dtype), precision.weights)
+    key = ("family", str(folder), str(vq_path), str(dtype), precision.weights, precision.kv_cache)
     with _REGISTRY_LOCK:
         cached = _REGISTRY.get(key)
         if cached is not None:
@@ -129,6 +134,7 @@ def load_family_model(folder: Path, vq_path: Path | None, precision: Precision, 
         offload = mm.unet_offload_device()
         loaded = load_prompted(folder, device=offload, dtype=dtype, vq_dtype=torch.float32, vqgan=vq_path,
                                weights=precision.weights)
+        loaded.model.set_kv_cache(precision.kv_cache)
         vq = loaded.vq
         from ..lantern_core.errors import LanternError
 

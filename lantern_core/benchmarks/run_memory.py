@@ -15,6 +15,8 @@ released 7B models' runs will need on a GPU.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import argparse
 import logging
 import time
@@ -94,6 +96,7 @@ def run(batches: tuple[int, ...], only: str, sampling: SamplingConfig) -> list[d
 def released_shapes() -> dict[str, GPTConfig]:
     return {"Lumina-mGPT-7B-768": family_config("lumina", "7b"), "Janus-Pro-7B": family_config("janus", "7b"),
             "Lumina-mGPT-2.0 shape (768 px)": family_config("lumina2", "7b"),
+            "Lumina-mGPT-2.0 shape (768 px), int8 KV cache": replace(family_config("lumina2", "7b"), kv_cache="int8"),
             "Emu3-Gen (720 px)": family_config("emu3", "8b"),
             "LlamaGen 7B shape (c2i, 384 px)": SEVEN_B}
 

@@ -15,6 +15,7 @@ loops live in the decoders, not here.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
@@ -283,11 +284,17 @@ class ImageTransformer(Fp32Rope):
             h = layer(h, rope, step, i)
         return self.norm(h)
 
+    def set_kv_cache(self, fmt: str) -> "ImageTransformer":
+        """Later runs keep keys and values as `fmt` ("auto": the model's dtype, "int8": 8-bit with scales); set
+        before the model draws (grid views copy the config when they are made)."""
+        self.config = replace(self.config, kv_cache=fmt)
+        return self
+
     def allocate_cache(self, batch: int, max_len: int | None = None, device=None, dtype=None) -> KVCache:
         weight = self.tok_embeddings.weight
         c = self.config
         return KVCache.allocate(c.n_layer, batch, c.n_kv_head, max_len or c.max_seq_len, c.head_dim,
-                                device or weight.device, dtype or weight.dtype)
+                                device or weight.device, dtype or weight.dtype, int8=c.kv_cache == "int8")
 
 
 class LlamaGenGPT(ImageTransformer):

@@ -8,6 +8,13 @@ input) is written out of place, a copy of the whole layer, and copied back. Comp
 speculative path into place) also lives here. It does not decide what is valid: masks come from
 `attention_mask` (queries at explicit slots) and `window_mask` (queries after a committed length, seeing
 their tree ancestors or window predecessors: the tree and Jacobi decoders' forwards).
+
+An 8-bit cache (`allocate(..., int8=True)`) holds keys and values as int8 with one scale per (row, head, slot)
+in the compute dtype (symmetric, round to nearest: each entry within half its scale of the value written) and
+hands attention the dequantized first kv_len slots of the layer it serves (one layer's worth of compute-dtype
+keys and values at a time). It halves the cache (a 128-wide head: 128 + 2 bytes per entry instead of 256) for
+a small change in the target's law; every decoder reads and writes it through the same calls, so exact modes
+sample the law of AR with that cache.
 """
 from __future__ import annotations
 
@@ -16,12 +23,19 @@ from dataclasses import dataclass, field
 import torch
 
 
+INT8_MAX = 127.0
+SCALE_DIVISOR = 126.0  # max |x| maps a little inside 127, so a scale rounded down to bf16 never clips a code
+
+
 @dataclass
 class KVCache:
-    keys: torch.Tensor  # (L, B, H_kv, S_max, D)
+    keys: torch.Tensor  # (L, B, H_kv, S_max, D), int8 in an 8-bit cache
     values: torch.Tensor  # (L, B, H_kv, S_max, D)
+    key_scales: torch.Tensor | None = None  # (L, B, H_kv, S_max, 1) in the compute dtype: 8-bit caches only
+    value_scales: torch.Tensor | None = None
     layer_keys: tuple[torch.Tensor, ...] = field(init=False, repr=False)  # L views (B, H_kv, S_max, D)
     layer_values: tuple[torch.Tensor, ...] = field(init=False, repr=False)  # L views (B, H_kv, S_max, D)
+    layer_scales: tuple[tuple[torch.Tensor, torch.Tensor], ...] = field(init=False, repr=False)  # L (key, value)
     rows: torch.Tensor = field(init=False, repr=False)  # (B, 1) long 0..B-1: the row index of per-row writes
 
     def __post_init__(self) -> None:
@@ -29,13 +43,29 @@ class KVCache:
         # under grad mode after another layer's write); they share the 5-D tensors' storage all the same
         self.layer_keys = tuple(layer.detach() for layer in self.keys)
         self.layer_values = tuple(layer.detach() for layer in self.values)
+        self.layer_scales = () if self.key_scales is None else tuple(
+            (k.detach(), v.detach()) for k, v in zip(self.key_scales, self.value_scales))
         self.rows = torch.arange(self.keys.shape[1], device=self.keys.device)[:, None]
 
     @classmethod
     def allocate(cls, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
-                 device: torch.device | str, dtype: torch.dtype) -> "KVCache":
+                 device: torch.device | str, dtype: torch.dtype, int8: bool = False) -> "KVCache":
+        """A zeroed cache in `dtype`, or (`int8`) in int8 with per-entry scales in `dtype`."""
         shape = (n_layer, batch, n_kv_head, max_len, head_dim)
-        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+        if not int8:
+            return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+        scales = shape[:-1] + (1,)
+        return cls(torch.zeros(shape, device=device, dtype=torch.int8), torch.zeros(shape, device=device,
+                                                                                      dtype=torch.int8),
+                   torch.zeros(scales, device=device, dtype=dtype), torch.zeros(scales, device=device, dtype=dtype))
+
+    @property
+    def int8(self) -> bool:
+        return self.key_scales is not None
+
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        """Every 5-D buffer (keys, values and, in an 8-bit cache, their scales): what compaction moves."""
+        return (self.keys, self.values) + ((self.key_scales, self.value_scales) if self.int8 else ())
 
     @property
     def max_len(self) -> int:
@@ -47,30 +77,37 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() * 2
+        return sum(t.numel() * t.element_size() for t in self.buffers())
 
     def update(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int):
         """Write k, v (B, H_kv, T, D) at `slots`, (T,) shared by every row or (B, T) per row (rows of a
-        batch at different lengths), and return views of the first kv_len slots."""
+        batch at different lengths), and return the first kv_len slots (views; in an 8-bit cache, their
+        dequantized values in k's dtype)."""
         keys, values = self.layer_keys[layer], self.layer_values[layer]  # (B, H_kv, S_max, D)
-        if slots.dim() == 1:
-            keys.index_copy_(2, slots, k)
-            values.index_copy_(2, slots, v)
-        else:  # index_put_, not scatter_: Inductor lowers scatter_ out of place (a copy of the layer)
-            keys[self.rows, :, slots] = k.transpose(1, 2)  # (B, T, H_kv, D) at (row, slot)
-            values[self.rows, :, slots] = v.transpose(1, 2)
-        return keys[:, :, :kv_len], values[:, :, :kv_len]
+        if not self.int8:
+            write_slots(self, keys, slots, k)
+            write_slots(self, values, slots, v)
+            return keys[:, :, :kv_len], values[:, :, :kv_len]
+        key_scales, value_scales = self.layer_scales[layer]  # (B, H_kv, S_max, 1)
+        out = []
+        for store, scales, x in ((keys, key_scales, k), (values, value_scales, v)):
+            codes, scale = quantize_int8(x, scales.dtype)
+            write_slots(self, store, slots, codes)
+            write_slots(self, scales, slots, scale)
+            out.append(store[:, :, :kv_len].to(x.dtype) * scales[:, :, :kv_len].to(x.dtype))
+        return out[0], out[1]
 
     def keep_rows(self, rows: list[int]) -> "KVCache":
         """The cache of batch rows `rows` (ascending) only, made in place: those rows move to the front of
         these buffers one at a time and the result views the first len(rows). Nothing the size of the cache is
         allocated (a copy would hold the old and the new cache at once); this object must not be read after."""
-        return KVCache(keep_rows(self.keys, rows, dim=1), keep_rows(self.values, rows, dim=1))
+        return KVCache(*(keep_rows(t, rows, dim=1) for t in self.buffers()))
 
     def release(self) -> None:
         """Drop the buffers and their views (the object stays valid but empty); used in `finally` after a run."""
         self.keys = self.values = torch.empty(0)
-        self.layer_keys = self.layer_values = ()
+        self.key_scales = self.value_scales = None
+        self.layer_keys = self.layer_values = self.layer_scales = ()
 
     def compact(self, source_slots: torch.Tensor, dest_start: int | torch.Tensor) -> None:
         """Copy the entries at `source_slots` (n,) to dest_start .. dest_start+n-1 in every layer
@@ -83,13 +120,13 @@ class KVCache:
             return
         if source_slots.dim() == 1:
             dest = dest_start + torch.arange(n, device=source_slots.device)
-            for buf in (self.keys, self.values):
+            for buf in self.buffers():
                 picked = buf.index_select(3, source_slots)  # (L, B, H, n, D)
                 buf.index_copy_(3, dest, picked)
             return
         dest = dest_start[:, None] + torch.arange(n, device=source_slots.device)  # (B, n)
-        L, B, H, _, D = self.keys.shape
-        for buf in (self.keys, self.values):
+        for buf in self.buffers():
+            L, B, H, _, D = buf.shape  # D is 1 for the scales of an 8-bit cache
             picked = buf.gather(3, source_slots[None, :, None, :, None].expand(L, B, H, n, D))  # (L, B, H, n, D)
             buf.scatter_(3, dest[None, :, None, :, None].expand(L, B, H, n, D), picked)
 
@@ -100,13 +137,32 @@ def compact_layers(cache: KVCache, source_slots: torch.Tensor, dest_start: int |
     per_row = source_slots.dim() == 2
     start = dest_start[:, None] if per_row else dest_start
     dest = start + torch.arange(n, device=source_slots.device)  # (B, n) per row, else (n,)
-    for buf in (*cache.layer_keys, *cache.layer_values):  # (B, H, S_max, D)
+    scales = [t for pair in cache.layer_scales for t in pair]  # (B, H, S_max, 1) each, 8-bit caches only
+    for buf in (*cache.layer_keys, *cache.layer_values, *scales):  # (B, H, S_max, D)
         if not per_row:
             buf.index_copy_(2, dest, buf.index_select(2, source_slots))
         else:
             B, H, _, D = buf.shape
             picked = buf.gather(2, source_slots[:, None, :, None].expand(B, H, n, D))  # (B, H, n, D)
             buf[cache.rows, :, dest] = picked.transpose(1, 2)  # (B, n, H, D) at (row, slot)
+
+
+def write_slots(cache: KVCache, store: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+    """x (B, H_kv, T, D) into a layer's `store` (B, H_kv, S_max, D) at `slots` (T,) or per row (B, T)."""
+    if slots.dim() == 1:
+        store.index_copy_(2, slots, x)
+    else:  # index_put_, not scatter_: Inductor lowers scatter_ out of place (a copy of the layer)
+        store[cache.rows, :, slots] = x.transpose(1, 2)  # (B, T, H_kv, D) at (row, slot)
+
+
+def quantize_int8(x: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., D) -> int8 codes (..., D) and scales (..., 1) in `scale_dtype`: scale = max |x| / 126 over D, rounded
+    to `scale_dtype` first, codes = round(x / scale) (within +-127 even after the rounding); each code * scale is
+    within scale / 2 of x (an all-zero vector keeps scale 0 and codes 0)."""
+    scale = (x.float().abs().amax(-1, keepdim=True) / SCALE_DIVISOR).to(scale_dtype)
+    safe = scale.float().masked_fill(scale == 0, 1.0)
+    codes = (x.float() / safe).round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return codes, scale
 
 
 def keep_rows(t: torch.Tensor, rows: list[int], dim: int = 0) -> torch.Tensor:
