@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     sizes = [tuple(m.split(":")) for m in args.models] if args.models is not None else \
-        [("chameleon", "tiny"), ("lumina", "tiny"), ("janus", "tiny"), ("emu3", "tiny")] if device.type == "cpu" else \
+        [("chameleon", "tiny"), ("lumina", "tiny"), ("janus", "tiny"), ("emu3", "tiny"), ("lumina2", "tiny")] \
+        if device.type == "cpu" else \
         [("chameleon", "7b"), ("lumina", "7b"), ("janus", "1b"), ("janus", "7b"), ("emu3", "8b")]
     steps = args.train_steps if args.train_steps is not None else (100 if device.type == "cpu" else 0)
     report = Report(args.out, f"families_{device.type}_{args.dtype}", markdown, **machine_info(device),

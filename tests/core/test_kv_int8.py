@@ -126,3 +126,74 @@ def test_an_int8_step_stays_capturable(embedded):
     assert not count.stray_factories and count.rng_kernels == 0
     # eagerly, quantizing and dequantizing keys and values: 32 kernels a layer more when set (Inductor fuses them)
     assert 0 < count.per_layer - baseline.per_layer <= 34, (count.parts, baseline.parts)
+
+
+@torch.no_grad()
+def cached_ar_law(model, label: int, sampling: SamplingConfig):
+    """The law of whole images under AR with the model's own (8-bit) cache: every image of the tiny grid teacher-
+    forced one token a step through a cache, as AR writes and reads it (prefix, then one slot per token), the
+    conditional and null-class rows side by side; CFG mix, temperature, product of the chosen tokens' laws."""
+    import itertools
+
+    from lantern_core.decoding.sampling import NodeDistributions
+    from lantern_core.models.gpt import ForwardStep
+    from whole_image_law import ImageLaw
+
+    config = model.config
+    V, N = config.vocab_size, config.num_image_tokens
+    images = torch.tensor(list(itertools.product(range(V), repeat=N)))  # (V**N, N)
+    labels = torch.cat([torch.full((len(images),), label), torch.full((len(images),), config.num_classes)])
+    tokens = torch.cat([images, images])
+    cache = model.allocate_cache(len(tokens), config.max_seq_len)
+    dist = NodeDistributions(sampling, True, model.constrain_logits)
+    h = model.embed_condition(labels)  # (rows, 1, dim): the class prefix, slot 0
+    log_p = torch.zeros(len(images), dtype=torch.float64)
+    for t in range(N):
+        slot = config.cls_token_num - 1 + t
+        hidden = model(h, ForwardStep(torch.tensor([slot]), cache, kv_len=slot + 1))
+        step = dist.log_probs(model.logits(hidden), torch.tensor([t]))[:, 0]  # (V**N, V)
+        log_p += step[torch.arange(len(images)), images[:, t]].double()
+        h = model.embed_tokens(tokens[:, t:t + 1])
+    return ImageLaw(images, log_p.exp(), V)
+
+
+@pytest.mark.parametrize("mode", ["sjd_coupled", "static_tree"])
+def test_exact_modes_sample_the_law_of_ar_with_the_8_bit_cache(mode):
+    """A tiny float64 target (2 x 2 codes from 5: 625 images) with the 8-bit cache: coupled SJD and a static tree
+    sample whole images by the law of AR with that cache (pooled chi-square)."""
+    from lantern_core.config import DrafterConfig, GPTConfig
+    from lantern_core.models.drafter import EagleDrafter
+    from lantern_core.models.gpt import LlamaGenGPT
+    from whole_image_law import pooled_pvalue
+
+    config = GPTConfig(dim=32, n_layer=2, n_head=2, vocab_size=5, model_type="c2i", num_classes=4, cls_token_num=1,
+                       grid_size=2, kv_cache="int8")
+    model = LlamaGenGPT(config)
+    model.init_weights(torch.Generator().manual_seed(0), std=0.3)
+    with torch.no_grad():
+        model.output.weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(1))
+    model = model.double().eval()
+    drafter = EagleDrafter(DrafterConfig.for_target(config, ffn_dim=48))
+    drafter.init_from_target(model, torch.Generator().manual_seed(2), std=0.3)
+    drafter = drafter.double().eval()
+    sampling = SamplingConfig(cfg_scale=2.0, temperature=1.0)
+    law = cached_ar_law(model, 2, sampling)
+    assert abs(float(law.probs.sum()) - 1.0) < 1e-5  # the laws are taken in float32, as the decoders take them
+    from whole_image_law import image_law
+
+    model.set_kv_cache("auto")  # the law builder is right: with a full-precision cache it is the uncached law
+    full = cached_ar_law(model, 2, sampling).probs
+    assert torch.allclose(full, image_law(model, 2, sampling).probs, rtol=0, atol=1e-12)
+    assert float((full - law.probs).abs().sum()) / 2 > 1e-3  # and the 8-bit cache moves the law (TV 0.009)
+    model.set_kv_cache("int8")
+    condition, images = Condition.classes([2] * 2500), 2500
+    with torch.no_grad():
+        if mode == "sjd_coupled":
+            tokens = jacobi_generate(model, condition, sampling, JacobiConfig(window=3, coupled=True),
+                                     make_generators(7, images, "cpu")).tokens
+        else:
+            tokens = speculative_generate(model, drafter, condition, sampling,
+                                          SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57),
+                                          make_generators(7, images, "cpu")).tokens
+    p = pooled_pvalue(law, tokens)
+    assert p > 1e-3, p
