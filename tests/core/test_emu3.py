@@ -126,7 +126,8 @@ def test_logits_match_transformers_and_greedy_images_match_emu3s_generator(emu3)
         for prompt in ("a red cat", "a painting of the sky"):
             with torch.no_grad():
                 greedy = SamplingConfig(cfg_scale=3.0, temperature=0.0)
-                tokens = generate(one.model, one.encoder.encode([prompt]), greedy, make_generators(0, 1, "cpu")).tokens[0]
+                condition = one.encoder.encode([prompt])
+                tokens = generate(one.model, condition, greedy, make_generators(0, 1, "cpu")).tokens[0]
             want = emu3_reference_greedy(exact, one, prompt, 3.0)
             assert one.model.image.token_ids[tokens].tolist() == want, (name, prompt)
             assert len(set(want)) > 4
@@ -175,6 +176,7 @@ def test_every_training_free_decoder_keeps_the_layout_and_greedy_equals_ar(emu3,
     neighbors = build_neighbors(one.vq.embedding.weight, 4)
     runs = {
         "sjd": JacobiConfig(window=4), "sjd_coupled": JacobiConfig(window=4, coupled=True),
+        "continuation": JacobiConfig(window=4, continuation=True),
         "proactive": JacobiConfig(window=4, coupled=True, proactive=3, proactive_depth=2),
         "lossless_2d": JacobiConfig(window=4, coupled=True, rows=2, row_window=4, row_offset=-1),
         "sjd_relaxed": JacobiConfig(window=4, relaxation=Relaxation(k=4, lam=1.0)),  # lambda 1: exact
@@ -293,3 +295,28 @@ def test_drafter_modes_with_a_drafter_trained_by_train_drafter(emu3, tmp_path):
             tokens = speculative_generate(model, drafter, condition, sampled, spec, make_generators(5, 2, "cpu"),
                                           table).tokens
             assert layout_ok(config, tokens) and tokens.unique().numel() > 6, name
+
+
+def test_batches_equal_single_runs_and_int8_weights_load(emu3):
+    """Image i of a sampled coupled-SJD batch is the single run with seed + i (left-padded prompts of other
+    lengths); the same folder loads with int8 blocks, whose greedy SJD equals its own greedy AR."""
+    _, folders, loaded = emu3
+    one = loaded["emu3"]
+    prompts = ["a red cat", "a photo of a dog on the grass under the sky"]
+    sampled = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=20)
+    jacobi = JacobiConfig(window=4, coupled=True)
+    with torch.no_grad():
+        batch = jacobi_generate(one.model, one.encoder.encode(prompts), sampled, jacobi,
+                                make_generators(11, 2, "cpu")).tokens
+        for i, prompt in enumerate(prompts):
+            single = jacobi_generate(one.model, one.encoder.encode([prompt]), sampled, jacobi,
+                                     make_generators(11 + i, 1, "cpu")).tokens
+            assert torch.equal(batch[i], single[0]), prompt
+    quantized = load_prompted(folders["hf-emu3"], grid_size=GRID, max_prompt_tokens=256, weights="int8")
+    greedy = SamplingConfig(cfg_scale=3.0, temperature=0.0)
+    condition = quantized.encoder.encode(prompts)
+    with torch.no_grad():
+        base = generate(quantized.model, condition, greedy, make_generators(0, 2, "cpu")).tokens
+        assert torch.equal(jacobi_generate(quantized.model, condition, greedy, jacobi,
+                                           make_generators(0, 2, "cpu")).tokens, base)
+    assert any("int8" in note for note in quantized.notes)

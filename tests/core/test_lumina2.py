@@ -118,6 +118,7 @@ def test_training_free_decoders_keep_the_layout_and_greedy_equals_ar(lumina2, sh
     greedy = SamplingConfig(cfg_scale=4.0, temperature=0.0)
     sampled = SamplingConfig(cfg_scale=4.0, temperature=1.0, top_k=20)
     runs = {"sjd": JacobiConfig(window=4), "sjd_coupled": JacobiConfig(window=4, coupled=True),
+            "continuation": JacobiConfig(window=4, continuation=True),
             "proactive": JacobiConfig(window=4, coupled=True, proactive=3, proactive_depth=2),
             "lossless_2d": JacobiConfig(window=4, coupled=True, rows=2, row_window=4, row_offset=-1)}
     config = model.config
@@ -153,3 +154,68 @@ def test_sizes_and_missing_parts(lumina2, tmp_path):
     (bare / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="contiguous"):
         load_prompted(bare, grid_size=GRID)
+
+
+def test_drafter_and_relaxed_modes_with_a_trained_drafter(lumina2, tmp_path):
+    """No drafter is released for Lumina-mGPT 2.0: one distilled by `train_drafter` (a few steps) drafts in every
+    drafter mode; greedy equals AR (LANTERN at delta 0, LANTERN++ and relaxed SJD at lambda 1 over MoVQGAN's
+    codebook neighbours are exact), sampled runs keep the row layout."""
+    from lantern_core.decoding.acceptance.neighbors import build_neighbors
+    from lantern_core.decoding.acceptance.relaxation import Relaxation
+    from lantern_core.decoding.trees.config import SpeculativeConfig
+    from lantern_core.decoding.trees.driver import speculative_generate
+    from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57
+    from lantern_core.training.train_drafter import Recipe, self_distilled_data, train_drafter
+
+    _, _, loaded = lumina2
+    model, config = loaded.model, loaded.config
+    prompts = loaded.encoder.encode(["a red cat", "the sky", "a dog on the grass", "a painting"] * 2)
+    data = self_distilled_data(model, prompts, SamplingConfig(cfg_scale=4.0, temperature=1.0), seed=3)
+    drafter, _ = train_drafter(model, data, Recipe(epochs=1, batch=4), tmp_path / "drafter", max_steps=4)
+    drafter.eval()
+    neighbors = build_neighbors(loaded.vq.embedding.weight, 4)
+    static = dict(tree="static", static_tree=NAIVE_EXTEND_57)
+    trees = {"static_tree": SpeculativeConfig(**static), "eagle2": SpeculativeConfig(tree="dynamic"),
+             "lantern_pp": SpeculativeConfig(**static, relaxation=Relaxation(k=4, lam=1.0)),
+             "lantern": SpeculativeConfig(tree="dynamic", relaxation=Relaxation(k=4, delta=0.0))}
+    condition = loaded.encoder.encode(["a red cat", "a photo of a dog on the grass"])
+    greedy = SamplingConfig(cfg_scale=4.0, temperature=0.0)
+    sampled = SamplingConfig(cfg_scale=4.0, temperature=1.0, top_k=20)
+    row_end = (torch.arange(config.num_image_tokens) + 1) % config.row_stride == 0
+    eol = config.vocab_size - 1
+    with torch.no_grad():
+        base = generate(model, condition, greedy, make_generators(0, 2, "cpu")).tokens
+        relaxed_sjd = JacobiConfig(window=4, relaxation=Relaxation(k=4, lam=1.0))
+        assert torch.equal(jacobi_generate(model, condition, greedy, relaxed_sjd, make_generators(0, 2, "cpu"),
+                                           neighbors).tokens, base)
+        for name, spec in trees.items():
+            table = neighbors if spec.relaxation is not None else None
+            run = speculative_generate(model, drafter, condition, greedy, spec, make_generators(0, 2, "cpu"), table)
+            assert torch.equal(run.tokens, base), name
+            tokens = speculative_generate(model, drafter, condition, sampled, spec, make_generators(5, 2, "cpu"),
+                                          table).tokens
+            assert (tokens[:, row_end] == eol).all() and (tokens[:, ~row_end] != eol).all(), name
+
+
+def test_logits_match_a_float64_decoder_written_from_its_source(lumina2):
+    """Independently of transformers: the released tensors (QK-norm as (1, head_dim) rows) through a float64
+    re-implementation of its modeling_chameleon.py give our logits at the image tokens."""
+    import json
+
+    from safetensors.torch import load_file
+
+    import reference_lumina2
+
+    folder, _, loaded = lumina2
+    cfg = json.loads((folder / "config.json").read_text())
+    tensors = {k: v for f in sorted(folder.glob("model*.safetensors")) for k, v in load_file(str(f)).items()}
+    assert tensors["model.layers.0.self_attn.q_norm.weight"].shape == (1, loaded.config.head_dim)
+    ids = loaded.model.image.token_ids
+    prompt = torch.tensor([loaded.encoder.token_ids("a painting of the sky")])
+    codes = torch.randint(0, CODES + 1, (1, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = reference_lumina2.logits(tensors, cfg, torch.cat([prompt, ids[codes]], 1))[..., ids]
+        h = torch.cat([loaded.model.embed_prompt(prompt), loaded.model.embed_tokens(codes)], dim=1)
+        got = loaded.model.logits(loaded.model(h, ForwardStep(torch.arange(h.shape[1]))))
+    assert expected.abs().max() > 1.0
+    assert_close_to_reference(got, expected, model_tolerance(got.dtype, loaded.config))
