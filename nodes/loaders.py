@@ -105,7 +105,7 @@ class LanternModelLoader(io.ComfyNode):
                                        "(Janus-Pro-7B, Anole-7b, Lumina-mGPT-7B fit a 12 GB GPU). Embeddings, "
                                        "norms, the image head and the drafter keep the dtype above. 'none' keeps "
                                        "every weight in that dtype. Files already quantized load as they are."),
-                io.Combo.Input("kv_cache", options=KV_CACHE_CHOICES, default="auto", optional=True,
+                io.Combo.Input("kv_cache", options=KV_CACHE_CHOICES, default="auto",
                                tooltip="How runs keep the attention keys and values: 'auto' in the dtype above; "
                                        "'int8' in 8 bits with one scale per head and position, about half the "
                                        "memory (Lumina-mGPT 2.0 at 768 px: 9.2 to 4.6 GiB at batch 1), a slightly "

@@ -62,6 +62,20 @@ def test_loader_quantizes_the_blocks_and_the_sampler_draws_with_them(pack, node,
     assert "int4" in loader.validate_inputs(**kwargs, weights="int4")
 
 
+def test_loader_keeps_an_8_bit_kv_cache_when_asked(pack, node, model):
+    """`kv_cache` int8: a load of its own whose runs keep int8 keys and values (about a third of float32's bytes
+    here), drawing with every mode the sampler offers; a choice the node does not list is refused up front."""
+    loader = node["LanternModelLoader"]
+    kwargs = dict(checkpoint=pack.nodes.paths.EMBEDDED, vq_tokenizer="auto", text_encoder="none", dtype="fp32")
+    small = loader.execute(**kwargs, kv_cache="int8").args[0]
+    assert small is not model and small.config.kv_cache == "int8" and model.config.kv_cache == "auto"
+    cache, full = small.gpt.model.allocate_cache(1, 64), model.gpt.model.allocate_cache(1, 64)
+    assert cache.int8 and cache.nbytes < 0.3 * full.nbytes
+    tokens, text = run_sampler(node, small, seed=3).args
+    assert tokens.tokens.shape == (1, 256) and "forward passes" in text
+    assert "int4" in loader.validate_inputs(**kwargs, kv_cache="int4")
+
+
 def test_loader_errors_name_the_folder(pack, node):
     from lantern_pack.lantern_core.errors import LanternError
 

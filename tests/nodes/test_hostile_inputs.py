@@ -339,6 +339,7 @@ def limit_runs(object_info: dict) -> list[tuple[str, dict]]:
                  for option in combo_options(info[name])]
     # every weight format through a whole generation (the embedded model quantized at load)
     runs += [("base", {"LanternModelLoader": {"weights": option}}) for option in combo_options(info["weights"])]
+    runs += [("base", {"LanternModelLoader": {"kv_cache": option}}) for option in combo_options(info["kv_cache"])]
     drafters = combo_options(object_info["LanternDrafterLoader"]["input"]["required"]["drafter"])
     runs += [("pp", {"LanternDrafterLoader": {"drafter": option}}) for option in drafters]
     # every image size on the embedded model: auto runs, every Lumina-mGPT size is refused (a pack error)
