@@ -111,11 +111,11 @@ def emu3_visual_token(code: int) -> str:
     return f"<|visual token {code:06d}|>"
 
 
-def emu3_format(rows: int, cols: int) -> PromptFormat:
+def emu3_format(rows: int, cols: int, bos_token: str = EMU3_SPECIAL["bos"]) -> PromptFormat:
     """Emu3's generation prompt for a grid of `rows` x `cols` codes (8 pixels each)."""
     suffix = (EMU3_SPECIAL["boi"], PlainText(f"{rows}*{cols}"), EMU3_SPECIAL["img"])
     return PromptFormat(template="{prompt}" + EMU3_POSITIVE, suffix=suffix, uncond="negative",
-                        bos_token=EMU3_SPECIAL["bos"], negative=EMU3_NEGATIVE)
+                        bos_token=bos_token, negative=EMU3_NEGATIVE)
 
 
 def load_tokenizer(path: str | Path):

@@ -26,16 +26,15 @@ CHAMELEON_VQGAN_URL = PublicFile(*CHAMELEON_VQGAN, "lantern_vq", "vqgan.ckpt").u
 MOVQGAN_URL = "https://huggingface.co/ai-forever/MoVQGAN/resolve/main/movqgan_270M.ckpt"
 
 
-def resolve_family_vq(folder: Path, family: str, vq_tokenizer: str) -> Path | None:
+def resolve_family_vq(folder: Path, family: str, layout: str, vq_tokenizer: str) -> Path | None:
     """Prompted families: None = the VQ inside the folder (Janus-Pro's and Emu3-Gen-hf's checkpoints, Chameleon's
     vqgan file, the original Emu3's vision_tokenizer/ subfolder, Lumina-mGPT 2.0's movqgan_270M.ckpt), or a file
     chosen from models/lantern/vq (Chameleon's VQGAN, MoVQGAN)."""
     from ..lantern_core.errors import LanternError
     from ..lantern_core.loading.emu3 import find_vision_tokenizer
-    from ..lantern_core.loading.families import VQGAN_NAMES, find_file, folder_layout
+    from ..lantern_core.loading.families import VQGAN_NAMES, find_file
     from ..lantern_core.loading.lumina2 import find_movqgan
 
-    layout = folder_layout(folder)[1]
     emu3 = layout in ("emu3", "hf-emu3")
     if vq_tokenizer != "auto":
         if family == "janus" or emu3:
@@ -65,9 +64,9 @@ def resolve_files(checkpoint: str, vq_tokenizer: str, text_encoder: str) -> tupl
     from ..lantern_core.errors import LanternError
 
     gpt_path = paths.resolve("lantern_checkpoints", checkpoint)  # a missing checkpoint is reported first
-    family = paths.family_folder(gpt_path)
-    if family is not None:
-        return gpt_path, resolve_family_vq(gpt_path, family, vq_tokenizer), None
+    found = paths.family_folder(gpt_path)
+    if found is not None:
+        return gpt_path, resolve_family_vq(gpt_path, *found, vq_tokenizer), None
     if vq_tokenizer == "auto" and checkpoint != paths.EMBEDDED:
         raise LanternError(f"choose the VQ tokenizer for '{checkpoint}' in vq_tokenizer (put vq_ds16_c2i.pt or "
                            "vq_ds16_t2i.pt in models/lantern/vq); 'auto' only fits the embedded model")

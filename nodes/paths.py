@@ -66,11 +66,12 @@ def _weight_files(name: str) -> list[str]:
             if Path(f).suffix.lower() in WEIGHT_SUFFIXES and not inside_model_dir(f)]
 
 
-def family_folder(path: Path) -> str | None:
-    """The prompted family ("chameleon", "janus") of a model folder, or None for anything else."""
-    from ..lantern_core.loading.families import family_of
+def family_folder(path: Path) -> tuple[str, str] | None:
+    """(family, layout) of a prompted model folder ("chameleon", "hf-lumina2"; "janus", "hf-janus"; ...), or None
+    for anything else (one read of its config.json)."""
+    from ..lantern_core.loading.families import layout_of
 
-    return family_of(path)
+    return layout_of(path)
 
 
 def list_checkpoints() -> list[str]:

@@ -99,3 +99,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if skipped:
         terminalreporter.write_line(f"{len(skipped)} CUDA tests skipped: this machine has no NVIDIA GPU; "
                                     "run `make test-cuda` on one")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For modules of kilobyte-sized models: one thread is faster than two there (less sync per tiny op)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -76,6 +76,16 @@ def randomise_norms(model: torch.nn.Module, generator: torch.Generator) -> None:
                                                       dtype=torch.float64))
 
 
+VQ_TOLERANCE = 1e5 * torch.finfo(torch.float64).eps  # relative to the image's scale, float64 on both sides
+
+
+def check_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    """A float64 decode within VQ_TOLERANCE of a float64 reference, relative to the image's largest value."""
+    scale = ref.abs().max().item()
+    assert ours.shape == ref.shape
+    assert (ours - ref).abs().max().item() <= VQ_TOLERANCE * scale, (ours - ref).abs().max().item() / scale
+
+
 # transformers' name -> the original one: convert_emu3_weights_to_hf.py's KEYS_TO_MODIFY_MAPPING read backwards
 TO_ORIGINAL = (
     (r"\.middle_block\.attn_norm\.", ".mid.attn_1.norm."),

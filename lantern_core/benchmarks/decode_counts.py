@@ -389,16 +389,15 @@ def run(report: Report, device: torch.device, dtype: torch.dtype, k: int = 10, i
                                                          name, device)))
     report.update(layouts=[])
     for label, config in PROMPTED_LAYOUTS:  # forced end-of-row tokens, GQA / QK-norm, prompt prefixes
-        if not chosen(label, only) and only:
+        if not chosen(label, only):
             continue
-        layout_model = random_prompted(config, device, dtype)
+        layout_model = random_prompted(config, device, dtype)  # narrow: the next one replaces it
         report.add("layouts", _row(_counted(f"{label} ar", lambda: count_ar(layout_model, sampling, f"{label} ar",
                                                                            device))))
         for name, jacobi in LAYOUT_JACOBI:
             what = f"{label} {name}"
             report.add("layouts", _row(_counted(what, lambda: count_jacobi(layout_model, jacobi, sampling, None, what,
                                                                            device))))
-        del layout_model
     if inductor:  # the goals' rows (a sampled and a greedy 57-node static tree), whole iterations fused
         for name, spec, is_greedy in tree_modes(k)[::4][:2]:
             if chosen(name, only):

@@ -23,7 +23,6 @@ model is `prompted_build.build_prompted`. Nothing is downloaded; no remote code 
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +35,8 @@ from ..prompts import EMU3_SPECIAL, PromptEncoder, emu3_format, emu3_visual_toke
 from ..tiktoken_bpe import TiktokenBPE, read_ranks
 from .checkpoints import read_hf_folder
 from .family_io import chameleon_state
-from .prompted_build import LoadedPrompted, Placement, build_prompted, decoder_shape, place_vq
+from .prompted_build import (LoadedPrompted, Placement, build_prompted, decoder_shape, defaults_note,
+                             fields_left_out, place_vq)
 
 FIX = ("choose the Emu3 folder as downloaded: BAAI/Emu3-Gen-hf (config.json, tokenizer.json, model-*.safetensors) "
        "or BAAI/Emu3-Gen (config.json, emu3.tiktoken, emu3_vision_tokens.txt, model-*.safetensors) with "
@@ -76,12 +76,6 @@ def text_section(cfg: dict, layout: str) -> tuple[dict, str]:
     return cfg, "config.json"
 
 
-def emu3_defaults(text: dict) -> dict:
-    """The decoder fields `text` leaves out, with the defaults the reading class takes for them."""
-    has_theta = "rope_theta" in text or "rope_theta" in (text.get("rope_parameters") or {})
-    return {k: v for k, v in EMU3_DEFAULTS.items() if k not in text and (k != "rope_theta" or not has_theta)}
-
-
 def check_rope(text: dict, where: str) -> None:
     """Plain RoPE only: no scaling (Emu3-Gen has none; the original config writes `rope_scaling: null`)."""
     scaling = text.get("rope_scaling")
@@ -96,7 +90,7 @@ def emu3_config(cfg: dict, layout: str, grid: tuple[int, int], max_prompt: int, 
     """The trunk's `GPTConfig` (image codes + the end-of-line code) and the defaults taken for absent fields."""
     text, where = text_section(cfg, layout)
     check_rope(text, where)
-    defaults = emu3_defaults(text)
+    defaults = fields_left_out(text, EMU3_DEFAULTS)
     filled = {**text, **defaults}
     if filled.get("num_key_value_heads") is None:  # both classes: None means one key/value head per head
         filled["num_key_value_heads"] = filled["num_attention_heads"]
@@ -155,16 +149,17 @@ def check_special_ids(tokenizer, text: dict, path: Path) -> None:
                                   "use the tokenizer files shipped with these weights")
 
 
-def emu3_token_ids(tokenizer, codes: int, path: Path) -> torch.Tensor:
-    """Vocabulary ids (codes + 1,): `<|visual token c|>` for each code c, then the end-of-line token."""
-    ids = [tokenizer.token_to_id(emu3_visual_token(c)) for c in range(codes)]
-    missing = sum(i is None for i in ids)
-    if missing:
-        raise CheckpointError(path, f"{codes} visual tokens <|visual token 000000|> .. in the tokenizer",
-                              f"{codes - missing}", "use the tokenizer files shipped with these weights")
+def emu3_token_ids(tokenizer, path: Path) -> torch.Tensor:
+    """Vocabulary ids (codes + 1,): `<|visual token c|>` for c = 0, 1, ... while the vocabulary has it (32,768 in
+    Emu3's), then the end-of-line token."""
+    ids = []
+    while (index := tokenizer.token_to_id(emu3_visual_token(len(ids)))) is not None:
+        ids.append(index)
     eol = tokenizer.token_to_id(EMU3_SPECIAL["eol"])
-    if eol is None:
-        raise CheckpointError(path, f"the end-of-line token {EMU3_SPECIAL['eol']!r}", "no such token",
+    if not ids or eol is None:
+        raise CheckpointError(path, f"visual tokens from {emu3_visual_token(0)!r} and the end-of-line token "
+                              f"{EMU3_SPECIAL['eol']!r}", f"{len(ids)} visual tokens" + (", no end-of-line token"
+                                                                                       if eol is None else ""),
                               "use the tokenizer files shipped with these weights")
     return torch.tensor(ids + [eol], dtype=torch.long)
 
@@ -209,28 +204,21 @@ def emu3_vq(folder: Path, cfg: dict, vq_tensors: dict, request: Emu3Request, not
     return load_emu3_vision_tokenizer(path), str(path)
 
 
-def count_visual_tokens(tokenizer) -> int:
-    """How many `<|visual token NNNNNN|>` names the vocabulary has (32,768 in Emu3's)."""
-    pattern = re.compile(r"<\|visual token \d{6}\|>")
-    return sum(1 for name in tokenizer.get_vocab(with_added_tokens=True) if pattern.fullmatch(name))
-
-
 def load_emu3(folder: Path, cfg: dict, request: Emu3Request, placement: Placement) -> LoadedPrompted:
     """Load an Emu3 folder strictly (see the module docstring) -> `LoadedPrompted`."""
     notes: list[str] = []
     grid = choose_emu3_grid(cfg, request)
     tokenizer, tokenizer_path = read_emu3_tokenizer(folder, request.layout)
-    codes = count_visual_tokens(tokenizer)
+    token_ids = emu3_token_ids(tokenizer, tokenizer_path)
+    codes = len(token_ids) - 1
     try:
-        config, defaults = emu3_config(cfg, request.layout, grid, request.max_prompt_tokens, max(codes, 1))
+        config, defaults = emu3_config(cfg, request.layout, grid, request.max_prompt_tokens, codes)
     except ConfigError as exc:
         raise CheckpointError(folder / "config.json", "a consistent Emu3 configuration", str(exc), FIX) from exc
     text, where = text_section(cfg, request.layout)
     if defaults:
-        notes.append(f"{where} has no {', '.join(defaults)}: took Emu3's defaults, as transformers' loader does: "
-                     + ", ".join(f"{k} {v}" for k, v in defaults.items()))
+        notes.append(defaults_note(where, defaults, "Emu3's defaults, as transformers' loader does"))
     check_special_ids(tokenizer, {**cfg, **text}, tokenizer_path)
-    token_ids = emu3_token_ids(tokenizer, codes, tokenizer_path)
     tensors, _ = read_hf_folder(folder)
     lm, vq_tensors = split_emu3_tensors(tensors)
     tensors = None

@@ -48,8 +48,8 @@ from .checkpoints import infer_vq_config, load_state_strict, read_hf_folder
 from .emu3 import Emu3Request, load_emu3
 from .lumina2 import Lumina2Request, is_lumina2, load_lumina2, lumina2_format
 from .family_io import chameleon_state, janus_state, taming_to_ours
-from .prompted_build import (LoadedPrompted, Placement, build_prompted, decoder_shape, place_vq, positive,  # noqa: F401
-                             section)
+from .prompted_build import (LoadedPrompted, Placement, build_prompted, chameleon_config,  # noqa: F401
+                             decoder_shape, defaults_note, fields_left_out, place_vq, positive, section)
 
 
 # config.json model_type -> (family, layout); Emu3's trunk is the Chameleon family's (image codes as vocabulary
@@ -92,16 +92,22 @@ def folder_layout(folder: str | Path, cfg: dict | None = None) -> tuple[str, str
     return family, layout
 
 
-def family_of(path: str | Path) -> str | None:
-    """The prompted family ("chameleon", "janus") of a model folder, or None for anything else (a file,
-    a folder without config.json, another model_type)."""
+def layout_of(path: str | Path) -> tuple[str, str] | None:
+    """(family, layout) of a prompted model folder (`folder_layout`), or None for anything else (a file, a
+    folder without config.json, another model_type)."""
     path = Path(path)
     if not (path.is_dir() and (path / "config.json").is_file()):
         return None
     try:
-        return detect_family(path)[0]
-    except CheckpointError:
+        return folder_layout(path)
+    except (CheckpointError, ConfigError):
         return None
+
+
+def family_of(path: str | Path) -> str | None:
+    """The prompted family ("chameleon", "janus") of a model folder, or None for anything else."""
+    found = layout_of(path)
+    return None if found is None else found[0]
 
 
 def is_lumina(folder: Path, cfg: dict) -> bool:
@@ -123,33 +129,10 @@ LLAMA_DEFAULTS = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_h
 def llama_defaults(text: dict) -> dict[str, int | float]:
     """The decoder fields a DeepSeek-layout `language_config` leaves out, with the LlamaConfig defaults
     DeepSeek's loader takes for them ({} when it names every one)."""
-    out = {k: v for k, v in LLAMA_DEFAULTS.items() if k not in text and k != "rope_theta"}
-    if not any("rope_theta" in params for params in (section(text, "rope_parameters"), section(text, "rope_scaling"),
-                                                     text)):
-        out["rope_theta"] = LLAMA_DEFAULTS["rope_theta"]
+    out = fields_left_out(text, LLAMA_DEFAULTS)
     if text.get("num_key_value_heads") is None:  # LlamaConfig: None -> num_attention_heads
         out["num_key_value_heads"] = text.get("num_attention_heads", out.get("num_attention_heads"))
     return out
-
-
-def defaults_note(where: str, defaults: dict) -> str:
-    """The load note naming the fields `where` left out and the Llama defaults taken for them."""
-    values = ", ".join(f"{k} {v}" + (" (= num_attention_heads)" if k == "num_key_value_heads" else "")
-                       for k, v in defaults.items())
-    return (f"{where} has no {', '.join(defaults)}: took Llama's defaults, as DeepSeek's loader "
-            f"(transformers.LlamaConfig) does: {values}")
-
-
-def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = False, cols: int = 0) -> GPTConfig:
-    """Anole / Chameleon; `row_end` (Lumina-mGPT) adds the end-of-row token as the last image code."""
-    vq = section(cfg, "vq_config")
-    codes = positive(vq.get("num_embeddings", vq.get("n_embed", 8192)), "config.json vq_config.num_embeddings",
-                      integer=True)
-    cfg = {"rms_norm_eps": 1e-5, **cfg}  # transformers' ChameleonConfig default (Llama's is 1e-6)
-    return GPTConfig(**decoder_shape(cfg, "config.json"), vocab_size=codes + int(row_end),
-                     model_type="prompt", family="chameleon", qk_norm=True, swin_norm=bool(cfg.get("swin_norm")),
-                     rope_dims=1, grid_size=grid, grid_cols=0 if cols == grid else cols, cls_token_num=max_prompt,
-                     row_end=row_end)
 
 
 def janus_config(cfg: dict, layout: str, grid: int, max_prompt: int) -> GPTConfig:
@@ -288,12 +271,10 @@ def grid_for_size(layout: str, size: tuple[int, int]) -> tuple[int, int]:
     return SIZED_LAYOUTS[layout][0](size)
 
 
-def format_for_grid(layout: str, rows: int, cols: int, current: PromptFormat | None = None) -> PromptFormat:
-    """The prompt format that asks a `SIZED_LAYOUTS` model for a grid of `rows` x `cols` codes (`current`: the
-    loaded format, whose BOS a layout with its own BOS keeps)."""
-    if layout == "hf-lumina2":
-        return lumina2_format(rows, cols, current.bos_token if current is not None else "<s>")
-    return SIZED_LAYOUTS[layout][1](rows, cols)
+def format_for_grid(layout: str, rows: int, cols: int, current: PromptFormat) -> PromptFormat:
+    """The prompt format that asks a `SIZED_LAYOUTS` model for a grid of `rows` x `cols` codes, keeping the
+    loaded format's (`current`) BOS (Lumina-mGPT 2.0's comes from its tokenizer_config.json)."""
+    return SIZED_LAYOUTS[layout][1](rows, cols, bos_token=current.bos_token)
 
 
 LUMINA_IDS = {LUMINA_ROW_END: 8803, "<reserved08706>": 8710, "<racm3:break>": 8197}  # as its generator hard-codes
@@ -328,17 +309,16 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
     scheme_named(weights)  # an unknown scheme is refused before anything is read
     folder = Path(folder)
     cfg = read_config(folder)
-    family, layout = detect_family(folder, cfg)
+    family, layout = folder_layout(folder, cfg)
     if layout in EMU3_LAYOUTS.values():
         request = Emu3Request(layout, grid_size, image_size, max_prompt_tokens, vqgan)
         return load_emu3(folder, cfg, request, Placement(device, dtype, vq_dtype, weights))
-    if family == "chameleon" and is_lumina(folder, cfg) and is_lumina2(cfg):
+    if layout == "hf-lumina2":
         request = Lumina2Request(grid_size, image_size, max_prompt_tokens, vqgan)
         return load_lumina2(folder, cfg, request, Placement(device, dtype, vq_dtype, weights))
     notes: list[str] = []
-    lumina = family == "chameleon" and is_lumina(folder, cfg)
+    lumina = layout == "hf-lumina"
     if lumina:
-        layout = "hf-lumina"
         if grid_size is not None and grid_size % 2:
             raise ConfigError("grid_size", "an even number of tokens per side for Lumina-mGPT (its size tokens "
                               "count 32-pixel steps)", grid_size)
@@ -361,7 +341,8 @@ def load_prompted(folder: str | Path, device: torch.device | str = "cpu", dtype:
                               "copy the tokenizer from the model's download into this folder")
     tokenizer = load_tokenizer(tokenizer_path)
     if defaults:
-        notes.append(defaults_note("config.json language_config", defaults))
+        notes.append(defaults_note("config.json language_config", defaults,
+                                   "Llama's defaults, as DeepSeek's loader (transformers.LlamaConfig) does"))
     tensors, _ = read_hf_folder(folder)
     if layout == "deepseek-janus":
         check_deepseek_shapes(folder, tensors, config, defaults)

@@ -16,7 +16,8 @@ tokenizer wrapper does) + "Generate an image of {W}x{H} according to the followi
 generator samples them, and the maintainers report wrong sizes that way); the unconditional row is the image
 start and size tokens alone (its image-start-triggered CFG). A field config.json leaves out takes
 transformers' ChameleonConfig default (`CHAMELEON_DEFAULTS`), as its loader does; the notes name each one.
-The ids the official code hard-codes are checked on a full-size vocabulary. MoVQGAN's `movqgan_270M.ckpt`
+The decoder's config is `chameleon_config`'s, as for 1.0. The ids the official code hard-codes are checked
+on a full-size vocabulary. MoVQGAN's `movqgan_270M.ckpt`
 (a flat state dict) is read with `torch.load(weights_only=True)` from the folder (`MOVQGAN_NAMES`) or the given
 path. Nothing is downloaded; no remote code runs.
 """
@@ -27,14 +28,14 @@ from pathlib import Path
 
 import torch
 
-from ..config import GPTConfig
 from ..errors import CheckpointError, ConfigError
 from ..image_sizes import lumina2_grid
 from ..prompts import LUMINA_ROW_END, PromptEncoder, load_tokenizer, lumina_format, token_id
 from .checkpoint_io import read_checkpoint, read_json_object
 from .checkpoints import read_hf_folder
 from .family_io import chameleon_state
-from .prompted_build import LoadedPrompted, Placement, build_prompted, decoder_shape, place_vq
+from .prompted_build import (CHAMELEON_DEFAULTS, LoadedPrompted, Placement, build_prompted, chameleon_config,
+                             defaults_note, fields_left_out, place_vq)
 
 FIX = ("choose the Lumina-mGPT-2.0 folder as downloaded from Alpha-VLLM/Lumina-mGPT-2.0 (config.json, tokenizer.json, "
        "tokenizer_config.json, model-*.safetensors), with movqgan_270M.ckpt from ai-forever/MoVQGAN in it")
@@ -43,9 +44,6 @@ CODE_OFFSET, CODES = 155000, 16384  # vocabulary id of image code c: c + 155000 
 OFFICIAL_IDS = {"<racm3:break>": 151665, "<eoss>": 151666, LUMINA_ROW_END: 151670}  # as its generator hard-codes
 MOVQGAN_NAMES = ("movqgan_270M.ckpt", "movqgan/270M/movqgan_270M.ckpt", "movqgan_270M.safetensors",
                  "movqgan/movqgan_270M.ckpt")
-# transformers' ChameleonConfig defaults, which the official loader takes for a field config.json leaves out
-CHAMELEON_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-                      "num_attention_heads": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": 65536}
 PATCH = 8  # pixels per MoVQGAN code
 
 
@@ -110,26 +108,9 @@ def bos_token(folder: Path) -> str:
     raise CheckpointError(folder / "tokenizer_config.json", "a bos_token or eos_token", "neither", FIX)
 
 
-def lumina2_format(rows: int, cols: int, bos: str):
+def lumina2_format(rows: int, cols: int, bos_token: str):
     """Lumina-mGPT 2.0's prompt for `rows` x `cols` codes of 8 pixels."""
-    return lumina_format(rows, cols, patch=PATCH, bos_token=bos)
-
-
-def chameleon_defaults(cfg: dict) -> dict:
-    """The decoder fields `cfg` leaves out, with ChameleonConfig's defaults."""
-    has_theta = "rope_theta" in cfg or "rope_theta" in (cfg.get("rope_parameters") or {})
-    return {k: v for k, v in CHAMELEON_DEFAULTS.items() if k not in cfg and (k != "rope_theta" or not has_theta)}
-
-
-def lumina2_config(cfg: dict, grid: tuple[int, int], max_prompt: int, codes: int) -> tuple[GPTConfig, dict]:
-    defaults = chameleon_defaults(cfg)
-    shape = decoder_shape({**cfg, **defaults}, "config.json")
-    rows, cols = grid
-    if cfg.get("rope_scaling"):
-        raise ConfigError("config.json rope_scaling", "none (plain RoPE, as the release)", cfg["rope_scaling"])
-    return GPTConfig(**shape, vocab_size=codes + 1, model_type="prompt", family="chameleon", qk_norm=True,
-                     swin_norm=bool(cfg.get("swin_norm")), rope_dims=1, grid_size=rows,
-                     grid_cols=0 if cols == rows else cols, cls_token_num=max_prompt, row_end=True), defaults
+    return lumina_format(rows, cols, patch=PATCH, bos_token=bos_token)
 
 
 def choose_lumina2_grid(request: Lumina2Request) -> tuple[int, int]:
@@ -165,14 +146,16 @@ def load_lumina2(folder: Path, cfg: dict, request: Lumina2Request, placement: Pl
     tokenizer = load_tokenizer(tokenizer_path)
     check_official_ids(tokenizer, tokenizer_path)
     token_ids = image_token_ids(cfg, tokenizer, folder / "config.json")
+    defaults = fields_left_out(cfg, CHAMELEON_DEFAULTS)
     try:
-        config, defaults = lumina2_config(cfg, grid, request.max_prompt_tokens, len(token_ids) - 1)
+        config = chameleon_config({**cfg, **defaults}, grid[0], request.max_prompt_tokens, row_end=True,
+                                  cols=grid[1], codes=len(token_ids) - 1)
     except ConfigError as exc:
         raise CheckpointError(folder / "config.json", "a consistent Lumina-mGPT 2.0 configuration", str(exc),
                               FIX) from exc
     if defaults:
-        notes.append(f"config.json has no {', '.join(defaults)}: took ChameleonConfig's defaults, as Lumina-mGPT "
-                     "2.0's loader does: " + ", ".join(f"{k} {v}" for k, v in defaults.items()))
+        notes.append(defaults_note("config.json", defaults, "ChameleonConfig's defaults, as Lumina-mGPT 2.0's "
+                                   "loader does"))
     if int(token_ids.max()) >= config.text_vocab_size:
         raise CheckpointError(folder / "config.json", f"a vocab_size above the image token ids (> "
                               f"{int(token_ids.max())})", f"vocab_size {config.text_vocab_size}", FIX)

@@ -50,6 +50,26 @@ def section(cfg: dict, *keys: str) -> dict:
     return node
 
 
+# transformers' ChameleonConfig defaults: what its loaders take for a field a Chameleon-style config.json leaves out
+CHAMELEON_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                      "num_attention_heads": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": 65536}
+
+
+def fields_left_out(cfg: dict, defaults: dict) -> dict:
+    """The entries of `defaults` that the config section `cfg` leaves out (a RoPE base given in `rope_parameters`
+    or `rope_scaling` counts as given): what the model class reading it takes instead."""
+    theta_given = any("rope_theta" in params for params in (section(cfg, "rope_parameters"),
+                                                            section(cfg, "rope_scaling"), cfg))
+    return {k: v for k, v in defaults.items() if k not in cfg and (k != "rope_theta" or not theta_given)}
+
+
+def defaults_note(where: str, defaults: dict, whose: str) -> str:
+    """The load note naming the fields `where` left out and the defaults (`whose`) taken for them."""
+    values = ", ".join(f"{k} {v}" + (" (= num_attention_heads)" if k == "num_key_value_heads" and whose.startswith(
+        "Llama") else "") for k, v in defaults.items())
+    return f"{where} has no {', '.join(defaults)}: took {whose}: {values}"
+
+
 def rope_theta(cfg: dict, where: str) -> float:
     params = section(cfg, "rope_parameters") or section(cfg, "rope_scaling")
     if "rope_theta" in params:
@@ -87,6 +107,23 @@ def decoder_shape(cfg: dict, where: str) -> dict:
         if cfg.get(flag):
             raise ConfigError(f"{where}.{flag}", "false (no biases, as every released checkpoint)", cfg[flag])
     return shape
+
+
+def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = False, cols: int = 0,
+                     codes: int | None = None) -> GPTConfig:
+    """Anole / Chameleon / Lumina-mGPT; `row_end` (Lumina-mGPT) adds the end-of-row token as the last image code.
+    `codes`: the image codes (default: config.json's vq_config, Chameleon's VQGAN)."""
+    if codes is None:
+        vq = section(cfg, "vq_config")
+        codes = positive(vq.get("num_embeddings", vq.get("n_embed", 8192)), "config.json vq_config.num_embeddings",
+                         integer=True)
+    cfg = {"rms_norm_eps": CHAMELEON_DEFAULTS["rms_norm_eps"], **cfg}  # ChameleonConfig's (Llama's is 1e-6)
+    if cfg.get("rope_scaling"):
+        raise ConfigError("config.json rope_scaling", "none (plain RoPE, as every release)", cfg["rope_scaling"])
+    return GPTConfig(**decoder_shape(cfg, "config.json"), vocab_size=codes + int(row_end),
+                     model_type="prompt", family="chameleon", qk_norm=True, swin_norm=bool(cfg.get("swin_norm")),
+                     rope_dims=1, grid_size=grid, grid_cols=0 if cols == grid else cols, cls_token_num=max_prompt,
+                     row_end=row_end)
 
 
 @dataclass(frozen=True)

@@ -19,18 +19,12 @@ from lantern_core.errors import CheckpointError, ConfigError
 from lantern_core.loading.movq_io import emu3_original_vq_config, emu3_vq_config, load_emu3_vision_tokenizer
 
 emu3 = pytest.importorskip("transformers.models.emu3.modeling_emu3")
-from tiny_emu3 import PUBLISHED, TINY, original_state, reference_vision_tokenizer as reference, write_folder  # noqa: E402
+from tiny_emu3 import (PUBLISHED, TINY, check_close, original_state,  # noqa: E402
+                       reference_vision_tokenizer as reference, write_folder)
 
 SIZING = ("codebook_size", "embed_dim", "z_channels", "ch", "ch_mult", "num_res_blocks", "attn_resolutions",
           "temporal_downsample_factor")
 GRID = (3, 5)  # not square: a transposed lookup shows
-TOLERANCE = 1e5 * torch.finfo(torch.float64).eps  # relative to the image's scale, for float64 on both sides
-
-
-def check_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
-    scale = ref.abs().max().item()
-    assert ours.shape == ref.shape
-    assert (ours - ref).abs().max().item() <= TOLERANCE * scale, (ours - ref).abs().max().item() / scale
 
 
 @pytest.fixture(scope="module")

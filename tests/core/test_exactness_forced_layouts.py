@@ -32,6 +32,8 @@ from lantern_core.models.gpt import ForwardStep
 from lantern_core.models.prompted import PromptedImageLM
 from tests.whole_image_law import ImageLaw, pooled_pvalue
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # kilobyte models
+
 PASS, FAIL = 1e-3, 1e-6
 CODES, ROWS, COLS = 3, 2, 2
 LAYOUTS = {
@@ -58,14 +60,6 @@ class Case:
 CASES = {"emu3_sjd_coupled": Case("emu3", "sjd_coupled", 2500), "emu3_static_tree": Case("emu3", "static", 2500),
          "lumina2_proactive": Case("lumina2", "proactive", 2500), "lumina2_eagle2": Case("lumina2", "dynamic", 2500)}
 _MODELS: dict[str, tuple] = {}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def models_for(layout: str) -> tuple[PromptedImageLM, EagleDrafter]:

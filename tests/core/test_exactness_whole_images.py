@@ -40,6 +40,8 @@ from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57, TreeSpec, chain_t
 from tests.whole_image_law import ImageLaw, image_law, pooled_pvalue
 from tests.wrong_rules import conditional_draft_floored, residual_forgotten
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # kilobyte models
+
 LABEL = 2
 PASS, FAIL = 1e-3, 1e-6  # an exact mode must not look wrong at 1e-3; a wrong rule must look wrong at 1e-6
 GRIDS = {
@@ -116,15 +118,6 @@ def build_models(w: Weights) -> tuple[LlamaGenGPT, EagleDrafter]:
 
 
 _MODELS: dict[str, tuple] = {}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are a few kilobytes: one thread is faster than two here (less sync per tiny op)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def models_for(name: str) -> tuple[LlamaGenGPT, EagleDrafter, torch.Tensor]:

@@ -18,7 +18,7 @@ from lantern_core.models.movq import MoVQConfig
 emu3 = pytest.importorskip("transformers.models.emu3.modeling_emu3")
 from transformers import Emu3VQVAEConfig  # noqa: E402
 
-from tiny_emu3 import randomise_norms  # noqa: E402
+from tiny_emu3 import check_close, randomise_norms  # noqa: E402
 from tiny_lumina2 import MOVQGAN, reference_movqgan  # noqa: E402
 
 VQ_CONFIG = {  # Emu3VQVAEConfig's field names, sizes shrunk (attention width = the attending channels)
@@ -27,7 +27,6 @@ VQ_CONFIG = {  # Emu3VQVAEConfig's field names, sizes shrunk (attention width = 
     "temporal_downsample_factor": 4, "double_latent": False, "in_channels": 3, "out_channels": 3,
 }
 GRID = (3, 5)  # not square: a transposed lookup shows
-TOLERANCE = 1e5 * torch.finfo(torch.float64).eps  # relative to the image's scale, for float64 on both sides
 
 
 def reference() -> torch.nn.Module:
@@ -47,12 +46,6 @@ def published_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def codes() -> torch.Tensor:
     return torch.randint(0, VQ_CONFIG["codebook_size"], (2, GRID[0] * GRID[1]),
                          generator=torch.Generator().manual_seed(2))
-
-
-def check_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
-    scale = ref.abs().max().item()
-    assert ours.shape == ref.shape
-    assert (ours - ref).abs().max().item() <= TOLERANCE * scale, (ours - ref).abs().max().item() / scale
 
 
 @pytest.fixture(scope="module")
