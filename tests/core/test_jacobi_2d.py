@@ -23,9 +23,10 @@ from lantern_core.decoding.jacobi.config import JacobiConfig
 from lantern_core.decoding.jacobi.driver import jacobi_generate
 from lantern_core.decoding.sampling import make_generators
 from lantern_core.errors import ConfigError
-from tests.core.test_exactness_whole_images import (CFG2, FAIL, LABEL, PASS, law_for, models_for,  # noqa: F401
-                                                    one_thread)  # the autouse fixture: one thread for tiny models
+from tests.core.test_exactness_whole_images import CFG2, FAIL, LABEL, PASS, law_for, models_for  # noqa: F401
 from tests.whole_image_law import pooled_pvalue
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,11 @@ from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
 from lantern_core.errors import ConfigError
 from tests.core.test_jacobi_2d import NOCFG_TOPP, TOPK2, Case, decode  # the 2-D suite's cases and decoder
-from tests.core.test_exactness_whole_images import (CFG2, FAIL, LABEL, PASS, law_for, models_for,  # noqa: F401
-                                                    one_thread)  # the autouse fixture: one thread for tiny models
+from tests.core.test_exactness_whole_images import CFG2, FAIL, LABEL, PASS, law_for, models_for  # noqa: F401
 from tests.tiny_models import TINY_C2I, random_gpt
 from tests.whole_image_law import pooled_pvalue
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread
 
 
 CASES = {

@@ -28,11 +28,12 @@ from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.sampling import make_generators
 from lantern_core.decoding.sampling import NodeDistributions
 from lantern_core.errors import ConfigError
-from tests.core.test_exactness_whole_images import (CFG2, FAIL, LABEL, PASS, law_for, models_for,  # noqa: F401
-                                                    one_thread)  # the autouse fixture: one thread for tiny models
+from tests.core.test_exactness_whole_images import CFG2, FAIL, LABEL, PASS, law_for, models_for  # noqa: F401
 from tests.whole_image_law import ImageLaw, pooled_pvalue
 from tests.core.test_jacobi_step import WIDE_C2I
 from tiny_models import random_gpt
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread
 
 TOPK2 = SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=2)
 RELAXED = JacobiConfig(1, coupled=True, init="sample_left", rows=2, row_window=2, row_commit=True, row_lead=0)
