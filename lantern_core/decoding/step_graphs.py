@@ -177,69 +177,194 @@ def _own_code(step: Callable[[Hashable], None]) -> Callable[[Hashable], None]:
     return forward
 
 
-def compiled_step(step: Callable[[Hashable], None], what: str) -> Callable[[Hashable], None]:
-    """`step` fused by Inductor (`fullgraph=True, dynamic=False`, eager's rounding: `inductor_options`),
-    compiled at its first call (a capture's warm-up, so before any graph is recorded) and reused for every later
-    image of the shape; with torch's on-disk cache, across restarts too. A step that fails to compile runs as it
-    is (eager, or captured as it is): said once in the log and to the `reporting` listener (the node's progress
-    text), never silently."""
-    options = inductor_options() if COMPILE_BACKEND == "inductor" else None
-    compiled = torch.compile(_own_code(step), backend=COMPILE_BACKEND, fullgraph=True, dynamic=False, options=options)
-    state = {"compiled": False, "failed": False}
+class CompiledStep:
+    """`step` fused by Inductor (`fullgraph=True, dynamic=False`, eager's rounding: `inductor_options`), compiled at
+    its first call (a capture's warm-up, so before any graph is recorded) and reused for every later image of the
+    shape; with torch's on-disk cache, across restarts too. A step that fails to compile runs as it is (eager, or
+    captured as it is): said in the log and to the `reporting` listener, and `status` becomes "failed", which
+    every run's `StepExecution` reports. `status`: "pending" (not called yet), "inductor" or "failed"."""
 
-    def run(variant: Hashable) -> None:
-        if state["failed"]:
-            return step(variant)
-        if not state["compiled"]:
-            announce(f"compiling the {what} step with Inductor (once per model and shape; a minute or more for "
+    def __init__(self, step: Callable[[Hashable], None], what: str) -> None:
+        options = inductor_options() if COMPILE_BACKEND == "inductor" else None
+        self.step, self.what, self.status = step, what, "pending"
+        self.compiled = torch.compile(_own_code(step), backend=COMPILE_BACKEND, fullgraph=True, dynamic=False,
+                                      options=options)
+
+    def __call__(self, variant: Hashable) -> None:
+        if self.status == "failed":
+            return self.step(variant)
+        if self.status == "pending":
+            announce(f"compiling the {self.what} step with Inductor (once per model and shape; a minute or more for "
                      "large models, then every image reuses it)")
         try:
-            out = compiled(variant)
+            out = self.compiled(variant)
         except Exception as error:  # the compiler must never fail an image
-            state["failed"] = True
-            log.warning("Inductor could not compile the %s step (%s: %s)", what, type(error).__name__,
-                        str(error)[:300])
-            announce(f"Inductor could not compile the {what} step; running it uncompiled (slower, same tokens)")
-            return step(variant)
-        state["compiled"] = True
+            self.status = "failed"
+            log.warning("COMPILE FALLBACK: Inductor could not compile the %s step (%s: %s)", self.what,
+                        type(error).__name__, str(error)[:300])
+            announce(f"Inductor could not compile the {self.what} step; running it uncompiled (slower, same tokens)")
+            return self.step(variant)
+        self.status = "inductor"
         return out
 
-    return run
+
+def compiled_step(step: Callable[[Hashable], None], what: str) -> CompiledStep:
+    return CompiledStep(step, what)
+
+
+@dataclass(frozen=True)
+class StepExecution:
+    """How one run's steps ran, for its stats and every benchmark row: `replayed` steps came from a captured CUDA
+    graph, `eager` ones ran as Python; `requested` says whether the run's layout asked for graphs (compile "auto"
+    or "graphs" on CUDA); `compile` is "inductor" (fused), "failed" (Inductor fell back to the plain step) or
+    "off"; `capture_error` is the first capture failure's text. A fallback is a failure, never a measurement:
+    `fell_back` is true whenever a requested graph or compile did not run."""
+
+    requested: bool = False
+    replayed: int = 0
+    eager: int = 0
+    compile: str = "off"
+    capture_error: str = ""
+
+    def __post_init__(self) -> None:
+        if self.compile not in ("inductor", "failed", "off"):
+            raise ValueError(f"compile must be 'inductor', 'failed' or 'off', got {self.compile!r}")
+
+    @property
+    def graphs(self) -> str:
+        """'all' (every step replayed), 'partial', 'none' (graphs asked for, none replayed) or 'off' (eager by
+        choice: compile "off", or a device that never captures)."""
+        if not self.requested:
+            return "off"
+        if self.replayed and not self.eager:
+            return "all"
+        return "partial" if self.replayed else "none"
+
+    @property
+    def fell_back(self) -> bool:
+        return (self.requested and self.eager > 0) or self.compile == "failed"
+
+    def merged(self, other: "StepExecution") -> "StepExecution":
+        """Both runs' steps together (a batch loop that switched runners, several batches of one request)."""
+        compile = "failed" if "failed" in (self.compile, other.compile) else (
+            "inductor" if "inductor" in (self.compile, other.compile) else "off")
+        return StepExecution(self.requested or other.requested, self.replayed + other.replayed,
+                             self.eager + other.eager, compile, self.capture_error or other.capture_error)
+
+    def describe(self) -> str:
+        """A few words for a person: 'CUDA graphs: all 255 steps replayed', 'eager (no graphs)', or the fallback."""
+        if not self.requested:
+            return "eager (no graphs)" + (", Inductor failed" if self.compile == "failed" else "")
+        total = self.replayed + self.eager
+        text = {"all": f"CUDA graphs: all {total} steps replayed",
+                "partial": f"FELL BACK to eager for {self.eager} of {total} steps",
+                "none": f"FELL BACK to eager: no step of {total} replayed"}[self.graphs]
+        if self.compile == "inductor":
+            text += ", Inductor-fused"
+        elif self.compile == "failed":
+            text += ", Inductor compile FAILED (uncompiled steps)"
+        if self.capture_error:
+            text += f" ({self.capture_error[:120]})"
+        return text
+
+    def to_dict(self) -> dict:
+        return {"graphs": self.graphs, "replayed": self.replayed, "eager": self.eager, "compile": self.compile,
+                "fell_back": self.fell_back, "capture_error": self.capture_error}
+
+
+@dataclass(frozen=True)
+class _Watched:
+    """A module a runner's graphs read (the model, a drafter) and where its weights were at capture."""
+
+    module: "weakref.ref[torch.nn.Module]"
+    signature: tuple
+
+    def moved(self) -> bool:
+        module = self.module()
+        return module is None or weights_signature(module) != self.signature
+
+
+_USES = itertools.count()  # a global clock for least-recently-used eviction across a model's grid views
 
 
 @dataclass
 class StepRunner:
     """A step function over static buffers, in variants (for AR, the attention window), each with a CUDA
-    graph once captured: `run(variant)` replays that graph, or calls the step eagerly."""
+    graph once captured: `run(variant)` replays that graph, or calls the step eagerly. A registered runner
+    (`shared`) owns its graphs' memory pool; `release` resets the graphs and frees the buffers."""
 
     step: Callable[[Hashable], None]
     buffers: Any
     graphs: dict = field(default_factory=dict)
-    signature: tuple = ()
     shared: bool = False  # held by the registry across runs: the caller must not release it
-    also: tuple = ()  # ids of the other modules the graphs read (e.g. the drafter): releasing one drops them
+    watched: tuple = ()  # `_Watched` modules: the runner is stale once one of them moved
+    device: torch.device | None = None  # the device its graphs were captured on
+    requested: bool = False  # graphs were asked for (a registered runner)
+    capture_error: str = ""  # why capture failed ("" when it did not)
+    pool_bytes: int = 0  # what its captures added to the device's reserved memory (its pool, measured)
+    static_bytes: int = 0  # its static buffers
+    last_use: int = 0
+    replayed: int = 0  # this run's steps from a graph (`begin_run` zeroes both)
+    eager: int = 0  # this run's steps run as Python
     warned: bool = False  # said once that a variant had no graph
 
     @property
     def captured(self) -> bool:
         return bool(self.graphs)
 
+    @property
+    def held_bytes(self) -> int:
+        return self.static_bytes + self.pool_bytes
+
+    def begin_run(self) -> None:
+        self.replayed = self.eager = 0
+        self.last_use = next(_USES)
+
     def run(self, variant: Hashable = None) -> None:
         graph = self.graphs.get(variant)
         if graph is not None:
             graph.replay()
+            self.replayed += 1
             return
-        if self.graphs and not self.warned:  # captured, but not this variant: say so once, never silently
+        if self.requested and not self.warned:  # graphs were asked for: say so once, never silently
             self.warned = True
-            log.warning("no captured CUDA graph for step variant %r (captured: %d variants); running it eagerly",
-                        variant, len(self.graphs))
+            log.warning("CAPTURE FALLBACK: no captured CUDA graph for step variant %r (captured: %d variants%s); "
+                        "running it eagerly", variant, len(self.graphs),
+                        f"; capture failed: {self.capture_error}" if self.capture_error else "")
+        self.eager += 1
         self.step(variant)
 
+    def execution(self) -> StepExecution:
+        """How this run's steps (since `begin_run`) ran."""
+        status = getattr(self.step, "status", "off")
+        compile = {"inductor": "inductor", "failed": "failed"}.get(status, "off")
+        return StepExecution(self.requested, self.replayed, self.eager, compile, self.capture_error)
+
+    def stale(self) -> bool:
+        """Whether a module its graphs read moved or was freed since capture (its own modules only)."""
+        return any(w.moved() for w in self.watched)
+
+    def watches(self, module: torch.nn.Module) -> bool:
+        return any(w.module() is module for w in self.watched)
+
     def release(self) -> None:
-        self.graphs = {}
+        """Reset every graph (its pool's use count drops; `return_memory` then frees the pool) and free the
+        static buffers."""
+        graphs, self.graphs = self.graphs, {}
+        _reset_graphs(graphs.values())
         release = getattr(self.buffers, "release", None)
         if release is not None:
             release()
+
+
+def _reset_graphs(graphs: Iterable[Any]) -> None:
+    for graph in graphs:
+        reset = getattr(graph, "reset", None)
+        if reset is not None:
+            try:
+                reset()
+            except Exception:  # a graph that cannot reset leaks its pool, never the run
+                log.warning("could not reset a CUDA graph", exc_info=True)
 
 
 def weights_signature(model: torch.nn.Module) -> tuple:
@@ -249,104 +374,162 @@ def weights_signature(model: torch.nn.Module) -> tuple:
     return (str(first.device), str(first.dtype), hash(tuple(t.data_ptr() for t in tensors)))
 
 
+# --- CUDA: one capture stream per device, cuBLAS workspaces, giving memory back -------------------------------
+
+_STREAMS: dict[int, Any] = {}  # device index -> this process's capture stream for it
+
+
+def _device_index(device: torch.device) -> int:
+    device = torch.device(device)
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def capture_stream(device: torch.device):
+    """The one side stream every warm-up and capture on `device` runs on (made on that device, once)."""
+    index = _device_index(device)
+    stream = _STREAMS.get(index)
+    if stream is None:
+        stream = _STREAMS[index] = torch.cuda.Stream(device=index)
+    return stream
+
+
+def clear_workspaces() -> None:
+    """Drop cuBLAS's per-stream workspaces, as PyTorch's cudagraph trees do around every recording: a workspace
+    first made during a capture lives in that capture's pool, and the allocator would keep the pool alive for
+    it after its graphs were reset (the `use_count > 0` assert of a later capture into a reused handle)."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
+@contextlib.contextmanager
+def _on_stream(stream) -> Iterator[None]:
+    """`stream` current within the context, the previous stream of its device after it, even on failure."""
+    before = torch.cuda.current_stream(stream.device)
+    torch.cuda.set_stream(stream)
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(before)
+
+
+def _record(graph, step: Callable[[], None], pool) -> None:
+    """Record `step` into `graph` on the current (capture) stream, allocating in `pool`. The capture is ended
+    even when `step` raises, so the allocator stops routing this stream's allocations into the pool."""
+    graph.capture_begin(pool=pool, capture_error_mode="thread_local")  # other host threads may use CUDA meanwhile
+    try:
+        step()
+    except BaseException:
+        try:
+            graph.capture_end()
+        except Exception:  # the capture was already invalid: the step's error is the one to report
+            log.debug("capture_end after a failed capture", exc_info=True)
+        raise
+    graph.capture_end()
+
+
+def reserved_bytes(device: torch.device) -> int:
+    return int(torch.cuda.memory_reserved(_device_index(device)))
+
+
+def return_memory(devices: Iterable[torch.device]) -> None:
+    """Give the memory of released graphs and buffers back to the device (and so to ComfyUI, which reads the
+    device's free memory): synchronize, then free the allocator's cached blocks, which erases the pools whose
+    graphs were all reset."""
+    for index in sorted({_device_index(d) for d in devices if d is not None and torch.device(d).type == "cuda"}):
+        with torch.cuda.device(index):
+            torch.cuda.synchronize(index)
+            torch.cuda.empty_cache()
+
+
 def capture(step: Callable[[], None], device: torch.device, pool=None,
             prepare: Callable[[], None] = lambda: None) -> "torch.cuda.CUDAGraph":
-    """Warm `step` up on a side stream, then record it, all with `device` current (the graph's own capture
-    stream and the streams it waits on belong to the current device, which need not be the model's on a
-    machine with several GPUs). Warm-up runs real steps, each after `prepare()` (which puts the buffers in a
-    valid state, outside the recording); the caller resets the buffers afterwards. Raises what capture raises."""
+    """Warm `step` up and record it on `device`'s capture stream, with `device` current (the model's device,
+    which need not be the current one on a machine with several GPUs), into `pool` (None: a pool of its own).
+    Warm-up runs real steps, each after `prepare()` (which puts the buffers in a valid state, outside the
+    recording); the caller resets the buffers afterwards. cuBLAS workspaces are cleared before and after the
+    recording. Raises what capture raises, with the caller's stream and the allocator restored."""
+    stream = capture_stream(device)
     with torch.cuda.device(device):
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
+        caller = torch.cuda.current_stream(device)
+        stream.wait_stream(caller)
+        with _on_stream(stream):
             for _ in range(WARMUP_STEPS):
                 prepare()
                 step()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        prepare()
-        graph = torch.cuda.CUDAGraph()
-        # thread-local: another thread of the host (ComfyUI runs several) touching CUDA meanwhile does not break it
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            step()
+            prepare()
+            graph = torch.cuda.CUDAGraph()
+            clear_workspaces()
+            try:
+                _record(graph, step, pool)
+            except BaseException:
+                _reset_graphs([graph])
+                raise
+            finally:
+                clear_workspaces()
+        caller.wait_stream(stream)
         torch.cuda.synchronize(device)
     return graph
 
 
 def capture_variants(runner: StepRunner, variants: Iterable[Hashable], reset: Callable[[Hashable | None], None],
-                     device: torch.device, pool: Callable[[], Any]) -> None:
-    """One graph per variant (in the memory pool `pool()` returns), with `reset(variant)` before each warm-up
-    step and the recording, and `reset(None)` after the last. On any failure: one warning, no graphs, and
-    the runner steps eagerly on the same buffers."""
+                     device: torch.device) -> None:
+    """One graph per variant, all in a memory pool of the runner's own, with `reset(variant)` before each
+    warm-up step and the recording, and `reset(None)` after the last. On any failure: one warning naming it,
+    the graphs made so far reset and their memory returned, and the runner steps eagerly on the same buffers
+    (reported as a fallback by every run's `StepExecution`)."""
+    before = reserved_bytes(device)
     try:
-        pool = pool()
+        pool = torch.cuda.graph_pool_handle()  # never shared and never reused after release
         for variant in variants:
             runner.graphs[variant] = capture(lambda: runner.step(variant), device, pool, lambda: reset(variant))
     except Exception as error:  # a capture failure must never fail the image
-        runner.graphs = {}
-        log.warning("CUDA graph capture failed (%s: %s); decoding eagerly", type(error).__name__, error)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize(device)
+        graphs, runner.graphs = runner.graphs, {}
+        _reset_graphs(graphs.values())
+        runner.capture_error = f"{type(error).__name__}: {str(error)[:300]}"
+        log.warning("CAPTURE FALLBACK: CUDA graph capture failed (%s); decoding eagerly", runner.capture_error)
+        return_memory([device])
+    runner.pool_bytes = max(0, reserved_bytes(device) - before) if runner.graphs else 0
     reset(None)
 
 
-class _Registry:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.runners: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict]" = weakref.WeakKeyDictionary()
-        self.pools: "weakref.WeakKeyDictionary[torch.nn.Module, Any]" = weakref.WeakKeyDictionary()
+# --- The registry: runners live on their model, never keep it alive, and stay within a byte budget ------------
+
+RUNNERS_ATTRIBUTE = "_lantern_step_runners"
+BUDGET_MIN_BYTES = 1 << 30  # every model may keep this much in captured steps...
+BUDGET_WEIGHTS_SHARE = 1.0  # ...or as much as its weights, whichever is more
+BUDGET_BYTES: int | None = None  # a fixed budget instead (tests)
 
 
-_REGISTRY = _Registry()
+class _Runners:
+    """A model's runners by key, in least-recently-used order. Kept in the model's own `__dict__`, so the
+    runners' steps (which reference the model) form a cycle with it that the garbage collector frees once the
+    model is dropped; a registry outside the model would keep it alive. Copies of the model hold none."""
+
+    def __init__(self, owner: torch.nn.Module) -> None:
+        self.owner_id = id(owner)
+        self.by_key: OrderedDict[Hashable, StepRunner] = OrderedDict()
+
+    def __copy__(self) -> "_Runners":
+        return _Runners.__new__(_Runners)  # owner_id unset: never matches, so a copy starts empty
+
+    def __deepcopy__(self, memo) -> "_Runners":
+        return self.__copy__()
 
 
-def runner_for(model: torch.nn.Module, key: Hashable, build: Callable[[], StepRunner], variants: Iterable[Hashable],
-               reset: Callable[[StepRunner, Hashable | None], None], device: torch.device,
-               also: tuple[torch.nn.Module, ...] = ()) -> StepRunner:
-    """The cached CUDA-graph runner of `model` for `key`, or a new one from `build()` with every variant
-    captured now (`reset(runner, variant)` readies the buffers for a variant's warm-up). Stale runners (the
-    weights of `model` or of a module in `also`, e.g. the drafter, moved) are released; at most
-    MAX_RUNNERS_PER_MODEL are kept."""
-    signature = (weights_signature(model), *(weights_signature(m) for m in also))
-    with _REGISTRY.lock:
-        runners = _REGISTRY.runners.setdefault(model, OrderedDict())
-        cached = runners.get(key)
-        if cached is not None and cached.signature == signature:
-            runners.move_to_end(key)
-            return cached
-        for old_key in [k for k, r in runners.items() if r.signature != signature or k == key]:
-            runners.pop(old_key).release()
-        while len(runners) >= MAX_RUNNERS_PER_MODEL:
-            runners.popitem(last=False)[1].release()
-        runner = build()
-        runner.signature, runner.shared, runner.also = signature, True, tuple(id(m) for m in also)
-        capture_variants(runner, variants, lambda variant: reset(runner, variant), device, lambda: _pool(model))
-        runners[key] = runner  # kept even when capture failed: one warning, then eager on the same buffers
-        return runner
+_LOCK = threading.RLock()
+_HOLDERS: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models holding runners, for `release`
 
 
-def runner(model: torch.nn.Module, key: Hashable, build: Callable[[], StepRunner],
-           variants: Callable[[], Iterable[Hashable]], reset: Callable[[StepRunner, Hashable | None], None],
-           layout: RunLayout, device: torch.device, also: tuple[torch.nn.Module, ...] = ()) -> StepRunner:
-    """The runner a decoder steps through: `runner_for` (cached, every variant captured) when `layout` uses
-    graphs, else a fresh eager one from `build()` (the caller releases its buffers); its step compiled by
-    Inductor first where `layout.compiled` (then `variants()` must be the one full-cache variant)."""
-    def built() -> StepRunner:
-        made = build()
-        if layout.compiled:
-            made.step = compiled_step(made.step, str(key[0]) if isinstance(key, tuple) else str(key))
-        return made
-
-    if not layout.graphs:
-        return built()
-    return runner_for(model, (key, layout.compiled), built, variants(), reset, device, also)
-
-
-def _pool(model: torch.nn.Module):
-    """The memory pool every graph of `model` shares (called with the registry lock held)."""
-    pool = _REGISTRY.pools.get(model)
-    if pool is None:
-        pool = _REGISTRY.pools[model] = torch.cuda.graph_pool_handle()
-    return pool
+def _runners(model: torch.nn.Module, create: bool = False) -> "OrderedDict[Hashable, StepRunner]":
+    held = model.__dict__.get(RUNNERS_ATTRIBUTE)
+    if held is None or getattr(held, "owner_id", None) != id(model):  # none, or a copied model's (grid views)
+        if not create:
+            return OrderedDict()
+        held = _Runners(model)
+        model.__dict__[RUNNERS_ATTRIBUTE] = held
+        _HOLDERS.add(model)
+    return held.by_key
 
 
 def weights_owner(model: torch.nn.Module) -> torch.nn.Module:
@@ -355,25 +538,110 @@ def weights_owner(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _models_of(owner: torch.nn.Module) -> list[torch.nn.Module]:
-    """`owner` and its grid views that hold runners (called with the registry lock held)."""
-    return [m for m in list(_REGISTRY.runners.keys()) if weights_owner(m) is owner]
+    """`owner` and its grid views."""
+    return [owner, *owner.__dict__.get("_grid_views", {}).values()]
+
+
+def budget_bytes(model: torch.nn.Module) -> int:
+    """Bytes the captured steps of `model` (and its grid views) may keep between runs: `BUDGET_BYTES` when set,
+    else the larger of `BUDGET_MIN_BYTES` and `BUDGET_WEIGHTS_SHARE` of its weights."""
+    if BUDGET_BYTES is not None:
+        return BUDGET_BYTES
+    owner = weights_owner(model)
+    weights = sum(t.numel() * t.element_size() for t in (*owner.parameters(), *owner.buffers()))
+    return max(BUDGET_MIN_BYTES, int(BUDGET_WEIGHTS_SHARE * weights))
+
+
+def _evict_over_budget(model: torch.nn.Module, keep: StepRunner) -> list[StepRunner]:
+    """Remove the least recently used runners of `model`'s weights (not `keep`) until they fit its budget."""
+    owner = weights_owner(model)
+    held = [(runners, key, r) for m in _models_of(owner) for runners in [_runners(m)] for key, r in runners.items()]
+    total, budget, evicted = sum(r.held_bytes for _, _, r in held), budget_bytes(owner), []
+    for runners, key, runner in sorted(held, key=lambda entry: entry[2].last_use):
+        if total <= budget:
+            break
+        if runner is keep:
+            continue
+        runners.pop(key)
+        total -= runner.held_bytes
+        evicted.append(runner)
+    if evicted:
+        log.info("released %d captured step shape(s) over the %.0f MiB budget of the model", len(evicted),
+                 budget / 2**20)
+    return evicted
+
+
+def _dispose(runners: list[StepRunner]) -> None:
+    for runner in runners:
+        runner.release()
+    if runners:
+        return_memory([r.device for r in runners])
+
+
+def runner_for(model: torch.nn.Module, key: Hashable, build: Callable[[], StepRunner], variants: Iterable[Hashable],
+               reset: Callable[[StepRunner, Hashable | None], None], device: torch.device,
+               also: tuple[torch.nn.Module, ...] = ()) -> StepRunner:
+    """The cached CUDA-graph runner of `model` for `key`, or a new one from `build()` with every variant
+    captured now (`reset(runner, variant)` readies the buffers for a variant's warm-up). A runner is stale, and
+    released, only when a module its own graphs read (`model`, or one in `also`, e.g. the drafter) moved: a
+    drafter joining never releases the AR runner. Runners are kept while their bytes fit `budget_bytes`."""
+    modules = (model, *also)
+    with _LOCK:
+        runners = _runners(model, create=True)
+        cached = runners.get(key)
+        if cached is not None and not cached.stale():
+            runners.move_to_end(key)
+            cached.begin_run()
+            return cached
+        stale = [k for k, r in runners.items() if k == key or r.stale()]
+        _dispose([runners.pop(k) for k in stale])
+        runner = build()
+        runner.watched = tuple(_Watched(weakref.ref(m), weights_signature(m)) for m in modules)
+        runner.shared, runner.requested, runner.device = True, True, torch.device(device)
+        runner.static_bytes = tensor_bytes(runner.buffers)
+        capture_variants(runner, variants, lambda variant: reset(runner, variant), device)
+        runners[key] = runner  # kept even when capture failed: one warning, then eager on the same buffers
+        runner.begin_run()
+        _dispose(_evict_over_budget(model, keep=runner))
+        return runner
+
+
+def runner(model: torch.nn.Module, key: Hashable, build: Callable[[], StepRunner],
+           variants: Callable[[], Iterable[Hashable]], reset: Callable[[StepRunner, Hashable | None], None],
+           layout: RunLayout, device: torch.device, also: tuple[torch.nn.Module, ...] = ()) -> StepRunner:
+    """The runner a decoder steps through, its per-run counts zeroed: `runner_for` (cached, every variant
+    captured) when `layout` uses graphs, else a fresh eager one from `build()` (the caller releases its
+    buffers); its step compiled by Inductor first where `layout.compiled` (then `variants()` must be the one
+    full-cache variant)."""
+    def built() -> StepRunner:
+        made = build()
+        if layout.compiled:
+            made.step = compiled_step(made.step, str(key[0]) if isinstance(key, tuple) else str(key))
+        return made
+
+    if not layout.graphs:
+        made = built()
+        made.begin_run()
+        return made
+    return runner_for(model, (key, layout.compiled), built, variants(), reset, device, also)
 
 
 def release(model: torch.nn.Module) -> int:
-    """Free every captured step of `model` and of the grid views of its weights (graphs, their memory pool,
-    static buffers), and every captured step of another model that reads `model` too (a drafter's trees).
-    Returns how many."""
-    with _REGISTRY.lock:
-        runners = []
+    """Free every captured step of `model` and of the grid views of its weights (graphs, their memory pools,
+    static buffers), and every captured step of another model that reads `model` too (a drafter's trees), and
+    give their memory back to the device. Returns how many."""
+    with _LOCK:
+        dropped = []
         for held_by in _models_of(weights_owner(model)):
-            runners.extend(_REGISTRY.runners.pop(held_by, OrderedDict()).values())
-            _REGISTRY.pools.pop(held_by, None)
-        for held in _REGISTRY.runners.values():
-            for key in [k for k, r in held.items() if id(model) in r.also]:
-                runners.append(held.pop(key))
-        for runner in runners:
-            runner.release()
-        return len(runners)
+            runners = _runners(held_by)
+            dropped.extend(runners.values())
+            runners.clear()
+        for holder in list(_HOLDERS):
+            runners = _runners(holder)
+            for key in [k for k, r in runners.items() if r.watches(model)]:
+                dropped.append(runners.pop(key))
+        _dispose(dropped)
+        return len(dropped)
 
 
 def tensor_bytes(held: Any, seen: set[int] | None = None) -> int:
@@ -398,15 +666,21 @@ def tensor_bytes(held: Any, seen: set[int] | None = None) -> int:
     return sum(tensor_bytes(v, seen) for v in fields.values()) if fields else 0
 
 
+def runners_of(model: torch.nn.Module) -> list[StepRunner]:
+    """The captured runners `model` itself holds (not its grid views'), least recently used first."""
+    with _LOCK:
+        return list(_runners(model).values())
+
+
 def held_bytes(model: torch.nn.Module) -> int:
-    """Bytes the captured runners of `model` (and of grid views of its weights) keep between runs in their static buffers (their graph pools'
-    intermediates come on top): memory that ComfyUI's model accounting does not see."""
-    with _REGISTRY.lock:
-        return sum(tensor_bytes(r.buffers) for m in _models_of(weights_owner(model))
-                   for r in _REGISTRY.runners[m].values())
+    """Bytes the captured runners of `model` (and of grid views of its weights) keep between runs: static
+    buffers and the growth of the device's reserved memory their captures caused (their pools): memory that
+    ComfyUI's model accounting does not see."""
+    with _LOCK:
+        return sum(r.held_bytes for m in _models_of(weights_owner(model)) for r in _runners(m).values())
 
 
 def cached_runners(model: torch.nn.Module) -> int:
     """How many captured step shapes `model` holds."""
-    with _REGISTRY.lock:
-        return len(_REGISTRY.runners.get(model, ()))
+    with _LOCK:
+        return len(_runners(model))
