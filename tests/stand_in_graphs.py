@@ -26,7 +26,9 @@ def stand_in_capture(step_graphs):
 def use_stand_in_graphs(monkeypatch, step_graphs) -> None:
     """Patch a `step_graphs` module (the core's, or the pack's copy) to record stand-in graphs."""
     monkeypatch.setattr(step_graphs, "capture", stand_in_capture(step_graphs))
-    monkeypatch.setattr(step_graphs, "_pool", lambda model: None)
+    monkeypatch.setattr(step_graphs, "reserved_bytes", lambda device: 0)
+    monkeypatch.setattr(step_graphs.torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(step_graphs, "return_memory", lambda devices: None)
 
 
 def assert_capture_matches_eager(step_graphs, model, decode, seeds=(0, 1)) -> object:
@@ -41,6 +43,6 @@ def assert_capture_matches_eager(step_graphs, model, decode, seeds=(0, 1)) -> ob
         assert torch.equal(replayed.accepted_per_cell, eager.accepted_per_cell), seed
         assert replayed.stats.accepted_histogram == eager.stats.accepted_histogram, seed
     assert step_graphs.cached_runners(model) == 1
-    (runner,) = step_graphs._REGISTRY.runners[model].values()
+    (runner,) = step_graphs.runners_of(model)
     assert runner.captured
     return runner

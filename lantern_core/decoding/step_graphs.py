@@ -379,9 +379,14 @@ def weights_signature(model: torch.nn.Module) -> tuple:
 _STREAMS: dict[int, Any] = {}  # device index -> this process's capture stream for it
 
 
-def _device_index(device: torch.device) -> int:
+def _device_index(device: torch.device | int) -> int:
+    if isinstance(device, int):
+        return device
     device = torch.device(device)
-    return torch.cuda.current_device() if device.index is None else device.index
+    if device.index is not None:
+        return device.index
+    with torch.cuda.device(device):  # "cuda": the current device
+        return torch.cuda.current_device()
 
 
 def capture_stream(device: torch.device):
@@ -436,10 +441,13 @@ def return_memory(devices: Iterable[torch.device]) -> None:
     """Give the memory of released graphs and buffers back to the device (and so to ComfyUI, which reads the
     device's free memory): synchronize, then free the allocator's cached blocks, which erases the pools whose
     graphs were all reset."""
-    for index in sorted({_device_index(d) for d in devices if d is not None and torch.device(d).type == "cuda"}):
-        with torch.cuda.device(index):
-            torch.cuda.synchronize(index)
-            torch.cuda.empty_cache()
+    try:
+        for index in sorted({_device_index(d) for d in devices if d is not None}):
+            with torch.cuda.device(index):
+                torch.cuda.synchronize(index)
+                torch.cuda.empty_cache()
+    except Exception:  # giving memory back must never fail a run (a device that never captured: nothing to give)
+        log.debug("could not return memory to %s", list(devices), exc_info=True)
 
 
 def capture(step: Callable[[], None], device: torch.device, pool=None,
@@ -478,18 +486,18 @@ def capture_variants(runner: StepRunner, variants: Iterable[Hashable], reset: Ca
     warm-up step and the recording, and `reset(None)` after the last. On any failure: one warning naming it,
     the graphs made so far reset and their memory returned, and the runner steps eagerly on the same buffers
     (reported as a fallback by every run's `StepExecution`)."""
-    before = reserved_bytes(device)
     try:
+        before = reserved_bytes(device)
         pool = torch.cuda.graph_pool_handle()  # never shared and never reused after release
         for variant in variants:
             runner.graphs[variant] = capture(lambda: runner.step(variant), device, pool, lambda: reset(variant))
+        runner.pool_bytes = max(0, reserved_bytes(device) - before)
     except Exception as error:  # a capture failure must never fail the image
         graphs, runner.graphs = runner.graphs, {}
         _reset_graphs(graphs.values())
         runner.capture_error = f"{type(error).__name__}: {str(error)[:300]}"
         log.warning("CAPTURE FALLBACK: CUDA graph capture failed (%s); decoding eagerly", runner.capture_error)
         return_memory([device])
-    runner.pool_bytes = max(0, reserved_bytes(device) - before) if runner.graphs else 0
     reset(None)
 
 
@@ -574,8 +582,7 @@ def _evict_over_budget(model: torch.nn.Module, keep: StepRunner) -> list[StepRun
 def _dispose(runners: list[StepRunner]) -> None:
     for runner in runners:
         runner.release()
-    if runners:
-        return_memory([r.device for r in runners])
+    return_memory([r.device for r in runners if r.requested])  # graphs were asked for: a capturing device
 
 
 def runner_for(model: torch.nn.Module, key: Hashable, build: Callable[[], StepRunner], variants: Iterable[Hashable],
@@ -666,10 +673,14 @@ def tensor_bytes(held: Any, seen: set[int] | None = None) -> int:
     return sum(tensor_bytes(v, seen) for v in fields.values()) if fields else 0
 
 
-def runners_of(model: torch.nn.Module) -> list[StepRunner]:
-    """The captured runners `model` itself holds (not its grid views'), least recently used first."""
+def runners_by_key(model: torch.nn.Module) -> dict[Hashable, StepRunner]:
+    """The captured runners `model` itself holds (not its grid views'), by key, least recently used first."""
     with _LOCK:
-        return list(_runners(model).values())
+        return dict(_runners(model))
+
+
+def runners_of(model: torch.nn.Module) -> list[StepRunner]:
+    return list(runners_by_key(model).values())
 
 
 def held_bytes(model: torch.nn.Module) -> int:

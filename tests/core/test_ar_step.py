@@ -131,13 +131,22 @@ def test_registry_reuses_a_runner_and_captures_again_when_weights_move(monkeypat
     assert second.buffers.cache.keys.numel() == 0
 
 
-def test_registry_keeps_a_bounded_number_of_shapes(monkeypatch):
+def test_registry_keeps_what_fits_its_byte_budget_least_recently_used_out(monkeypatch):
     use_stand_in_graphs(monkeypatch, step_graphs)
     model = random_gpt(TINY_C2I)
-    for batch in range(1, step_graphs.MAX_RUNNERS_PER_MODEL + 3):
+    made = {}
+    for batch in range(1, 5):
         shape = ARShape(batch, 17, 16, SAMPLED)
-        step_graphs.runner_for(model, ("ar", shape), lambda: eager_ar_runner(model, shape), [17], reset_for_warmup, "cpu")
-    assert step_graphs.cached_runners(model) == step_graphs.MAX_RUNNERS_PER_MODEL
+        made[batch] = step_graphs.runner_for(model, ("ar", shape), lambda: eager_ar_runner(model, shape), [17],
+                                             reset_for_warmup, "cpu")
+        if batch == 2:  # room for the two largest so far, and no more
+            monkeypatch.setattr(step_graphs, "BUDGET_BYTES", made[1].held_bytes + made[2].held_bytes)
+    kept = step_graphs.runners_of(model)
+    assert kept == [made[4]] and not made[1].captured  # batch 3 and 4 each outgrew room for an older shape
+    assert step_graphs.held_bytes(model) == made[4].held_bytes  # the newest stays, even alone over budget
+    again = step_graphs.runner_for(model, ("ar", ARShape(1, 17, 16, SAMPLED)), lambda: eager_ar_runner(model, ARShape(1, 17, 16, SAMPLED)),
+                                   [17], reset_for_warmup, "cpu")
+    assert again is not made[1] and step_graphs.runners_of(model) == [again]  # LRU: batch 4 went for it
     step_graphs.release(model)
 
 
@@ -171,7 +180,7 @@ def test_generate_through_a_replaying_runner_gives_the_eager_tokens(monkeypatch)
         replayed = generate(model, Condition.classes(labels), SAMPLED, make_generators(seed, 2), compile="auto")
         assert torch.equal(replayed.tokens, eager), seed
     assert step_graphs.cached_runners(model) == 1
-    (runner,) = step_graphs._REGISTRY.runners[model].values()
+    (runner,) = step_graphs.runners_of(model)
     assert sorted(runner.graphs) == [64, 128, 192] and sum(g.replays for g in runner.graphs.values()) > 0
     step_graphs.release(model)
 
@@ -187,6 +196,6 @@ def test_cuda_graph_tokens_equal_eager_and_capture_is_reused(dtype):
         graph = generate(model, Condition.classes(labels, device="cuda"), SAMPLED, gens(), compile="auto").tokens
         assert torch.equal(graph, eager), seed
     assert step_graphs.cached_runners(model) == 1
-    (runner,) = step_graphs._REGISTRY.runners[model].values()
+    (runner,) = step_graphs.runners_of(model)
     assert runner.captured
     assert step_graphs.release(model) == 1

@@ -126,7 +126,7 @@ def test_held_bytes_count_what_cached_runners_keep(monkeypatch):
     model = random_gpt(TINY_C2I, seed=3)
     assert step_graphs.held_bytes(model) == 0
     generate(model, Condition.classes([1, 4]), GREEDY, make_generators(0, 2), compile="graphs")
-    (runner,) = step_graphs._REGISTRY.runners[model].values()
+    (runner,) = step_graphs.runners_of(model)
     cache = runner.buffers.cache
     held = step_graphs.held_bytes(model)
     assert cache.nbytes <= held < cache.nbytes + 64 * 1024  # the cache and a few small tables

@@ -72,12 +72,26 @@ def cuda_recorder(monkeypatch) -> CudaRecorder:
     return recorder
 
 
-def test_a_capture_records_on_the_models_device_not_the_current_one(cuda_recorder):
-    steps = []
-    step_graphs.capture(lambda: steps.append(cuda_recorder.current), torch.device("cuda:1"))
-    assert cuda_recorder.graph_devices == [1]
-    assert steps == [1] * (step_graphs.WARMUP_STEPS + 1)  # warm-up and recording with the model's device current
-    assert cuda_recorder.current == 0  # and the caller's current device back afterwards
+def test_a_capture_records_on_the_models_device_not_the_current_one(monkeypatch):
+    """With device 0 current, a capture for a model on device 1 warms up and records on device 1's own capture
+    stream (the stand-in refuses work on another stream than the capturing one), then hands device 0 back."""
+    from cuda_stand_in import CudaStandIn
+
+    monkeypatch.setattr(step_graphs, "_STREAMS", {})
+    with CudaStandIn(monkeypatch, devices=2, tensor_device=1) as cuda:
+        weight, seen = torch.randn(4, 4), []
+
+        def step():
+            seen.append((cuda.current, cuda.current_stream(1)))
+            weight.mul_(1.0)
+            weight @ weight
+
+        graph = step_graphs.capture(step, torch.device("cuda:1"))
+        (stream,) = step_graphs._STREAMS.values()
+        assert stream.device == torch.device("cuda:1") and not stream.default
+        assert seen == [(1, stream)] * (step_graphs.WARMUP_STEPS + 1)  # warm-up and recording on it
+        assert cuda.current == 0 and cuda.current_stream(1).default  # the caller's device and stream back
+        assert cuda.failures == [] and graph.ops
 
 
 def test_the_done_reader_records_its_events_behind_the_counts_own_device(cuda_recorder):
