@@ -104,16 +104,21 @@ bench: $(STAMP)
 	$(PY) -m lantern_core.benchmarks.quantization --out bench/results
 	$(PY) -m lantern_core.benchmarks.run_memory --out bench/results
 
-## The GPU variant (one H200: about 9 minutes) -> bench/results/{decode_counts,ar,iteration_cost,speculative,batched,families,prefix_states,decode}_cuda_bfloat16.*:
+## The GPU variant (one H200: well over 10 minutes with every Inductor compile) ->
+## bench/results/{decode_counts,ar,iteration_cost,speculative,batched,families,prefix_states,decode}_cuda_bfloat16.*:
 ## AR with and without captured CUDA graphs (embedded, GPT-B, GPT-XL, a 7B shape), one iteration of every decoding
-## mode on GPT-XL shapes next to one AR step, end-to-end speed-ups on the embedded model, images/s at batch 1, 4
-## and 8, then the prompted families' 7B shapes, the HF-port caption states' cost on GPT-XL t2i and
-## one-image-per-call VQ decoding next to batched, then a 7B shape's AR step time and peak memory in bf16, int8
-## and fp8 (quantization_cuda_bfloat16.*). Every benchmark rewrites its report after each row, and every part runs
-## even when another fails; the target fails if any did. GPU machines may bring their own PyTorch:
-## `make bench-cuda PY=python3` skips the venv. On a device lent in calls of at most 8 minutes, run
-## bench/gpu_check.sh instead (`OUT=$OUT PART=1 bash bench/gpu_check.sh`, then PART=2): test-cuda and these
-## benchmarks with bounded arguments, each under its own timeout, packed into one archive per part.
+## mode on GPT-XL shapes next to one AR step (compile graphs, off and auto), end-to-end speed-ups on the embedded
+## model, images/s at batch 1, 4 and 8, then the prompted families' 7B shapes, the HF-port caption states' cost on
+## GPT-XL t2i and one-image-per-call VQ decoding next to batched, then a 7B shape's AR step time and peak memory in
+## bf16, int8 and fp8 (quantization_cuda_bfloat16.*). Every row says how its steps ran (graphs all / partial / none,
+## compiled or not). Every benchmark rewrites its report after each row, and every part runs even when another
+## fails; the target fails if any did. GPU machines may bring their own PyTorch: `make bench-cuda PY=python3` skips
+## the venv. On a device lent in windows of 15 minutes (at most 10 a command), run bench/gpu_check.sh instead, each
+## step under its own timeout, packed into one archive per part, a step failing on any capture or compile fallback
+## in its log: `OUT=$OUT PART=1 bash bench/gpu_check.sh` first (at most 7 minutes: environment, test-cuda,
+## iteration_cost on GPT-XL with graphs and auto, ar on GPT-XL at batch 1, speculative on 4 images, quantization at
+## batch 1 fused), then, optionally in a later window, PART=2 (decode_counts, the rest of ar, batched, families,
+## prefix_states, decode, the whole quantization table).
 bench-cuda: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 	@status=0; \
 	$(PY) -m lantern_core.benchmarks.decode_counts --device cuda --dtype bfloat16 --out bench/results || status=1; \

@@ -158,7 +158,7 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
 
 def _free_for(run: PlannedRun, memory: RunMemory, device: torch.device) -> int:
     """Free bytes on `device` for `run`. Captured steps of earlier runs keep their KV caches and graph pools
-    between runs (up to `step_graphs.MAX_RUNNERS_PER_MODEL` shapes per model), which ComfyUI does not count:
+    between runs (within `step_graphs.budget_bytes` per model), which ComfyUI does not count:
     when the run does not fit, those are released first (the next run of their shape captures again)."""
     free = runtime.free_memory(device)
     if memory.peak > free:

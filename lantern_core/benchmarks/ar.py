@@ -6,12 +6,14 @@ which the speculative decoders plan with. Writes JSON + markdown. Timings are ne
     python -m lantern_core.benchmarks.ar --out bench/results                          # CPU, fp32
     python -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --profile cuda  # GPU check, < 5 min
     python -m lantern_core.benchmarks.ar --only embedded --batches 1 --out /tmp/b     # one model, batch 1
+    python -m lantern_core.benchmarks.ar --device cuda --dtype bfloat16 --skip GPT-XL:1 --tag _rest  # the others
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import platform
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -29,7 +31,7 @@ from ..models.gpt import ForwardStep, LlamaGenGPT
 from ..models.kv_cache import attention_mask
 from ..decoding.sampling import make_generators
 from ..decoding.cost_curve import verify_times
-from .report_writer import Report, write_report
+from .report_writer import Report, merged_steps, step_cells, step_fields, write_report
 
 log = logging.getLogger("lantern_core.benchmarks.ar")
 VERIFY_SIZES = (1, 4, 8, 16, 32, 64)
@@ -49,6 +51,9 @@ class ARRow:
     eager_ms_per_step: float  # generate(compile="off"); equals gen_ms_per_step where nothing is captured
     capture_speedup: float  # eager / captured
     compiled_ms_per_step: float = float("nan")  # compile "auto": Inductor + graphs (CUDA with Triton, batch 1)
+    graphs: str = "off"  # how the timed graphs and auto runs' steps ran (`report_writer.step_fields`)
+    compiled: str = "off"
+    fell_back: bool = False
 
 
 @dataclass
@@ -110,22 +115,24 @@ def bench_ar(model: LlamaGenGPT, name: str, batch: int, cfg_scale: float, repeat
     if compiled:
         generate(model, condition, sampling, make_generators(0, batch, device), compile="auto")  # compiles
     bare_forward_ms(model, rows, n)
-    gen, eager, fused, bare = [], [], [], []
+    gen, eager, fused, bare, steps = [], [], [], [], []
     for r in range(repeats):  # interleaved, so drift affects every column alike
-        gen.append(generate(model, condition, sampling, make_generators(r, batch, device),
-                            compile="graphs").stats.ms_per_step)
+        stats = generate(model, condition, sampling, make_generators(r, batch, device), compile="graphs").stats
+        gen.append(stats.ms_per_step)
+        steps.append(stats.steps)
         if captured:
             eager.append(generate(model, condition, sampling, make_generators(r, batch, device),
                                   compile="off").stats.ms_per_step)
         if compiled:
-            fused.append(generate(model, condition, sampling, make_generators(r, batch, device),
-                                  compile="auto").stats.ms_per_step)
+            stats = generate(model, condition, sampling, make_generators(r, batch, device), compile="auto").stats
+            fused.append(stats.ms_per_step)
+            steps.append(stats.steps)
         bare.append(bare_forward_ms(model, rows, n))
     g, b = statistics.median(gen), statistics.median(bare)
     e = statistics.median(eager) if eager else g
     return ARRow(name, batch, rows, n, round(g, 3), round(b, 3), round(100.0 * (g / b - 1.0), 2),
                  round(1000.0 * batch / g, 2), repeats, round(e, 3), round(e / g, 3),
-                 round(statistics.median(fused), 3) if fused else float("nan"))
+                 round(statistics.median(fused), 3) if fused else float("nan"), **step_fields(merged_steps(steps)))
 
 
 def bench_verify(model: LlamaGenGPT, name: str, rows: int, repeats: int) -> list[VerifyRow]:
@@ -174,6 +181,11 @@ def free_between_models() -> None:
         torch.cuda.empty_cache()
 
 
+def file_tag(tag: str) -> str:
+    """A subset run's file-name part (`--tag`), in characters every file system keeps."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", tag)
+
+
 def machine_info(device: torch.device) -> dict:
     """Where and when a benchmark ran (every report carries it)."""
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
@@ -188,14 +200,15 @@ def markdown(report: dict) -> str:
              "## AR generation vs the bare model forward (same run, interleaved, medians)", "",
              "| model | batch | rows | tokens | ms/step (generate, compile graphs) | ms/step (eager, compile off) | "
              "capture speed-up | ms/step (compile auto: Inductor + graphs) | ms/step (bare eager forward) | "
-             "overhead vs bare | tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "overhead vs bare | tokens/s | graphs | compiled |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["ar"]:
         fused = r.get("compiled_ms_per_step", float("nan"))
         fused = "" if fused != fused else f"{fused:.3f}"  # NaN: not measured (CPU, or batch > 1)
         lines.append(f"| {r['model']} | {r['batch']} | {r['rows']} | {r['tokens']} | {r['gen_ms_per_step']:.3f} | "
                      f"{r['eager_ms_per_step']:.3f} | {r['capture_speedup']:.2f}x | {fused} | "
-                     f"{r['bare_ms_per_step']:.3f} | {r['overhead_pct']:+.1f}% | {r['tokens_per_s']:.1f} |")
+                     f"{r['bare_ms_per_step']:.3f} | {r['overhead_pct']:+.1f}% | {r['tokens_per_s']:.1f} | "
+                     f"{step_cells(r)} |")
     lines += ["", "## One forward verifying n tokens (rows = 2 for CFG, mid-image context)", "",
               "| model | n | context | ms | ms/token | cost vs n=1 |", "|---|---|---|---|---|---|"]
     for r in report["verify"]:
@@ -209,23 +222,36 @@ def markdown(report: dict) -> str:
         lines += ["", "`generate` replays captured CUDA graphs on CUDA (`compile=graphs`) and runs eagerly elsewhere; "
                       "`compile=auto` also fuses the step with Inductor first (CUDA with Triton, batch 1 rows); "
                       "the bare forward is the same model's eager forwards with nothing else (on CUDA the same "
-                      "64-slot windows and mask as the captured step)."]
+                      "64-slot windows and mask as the captured step). `graphs`: how the timed graphs and auto "
+                      "runs' steps ran (all replayed, partial, none: a fallback; off: nothing captured on this "
+                      "device); `compiled`: whether Inductor fused the auto runs' step (off: not measured)."]
         if worst is not None:
             lines.append(f"Goal (eager): sampling, caching and bookkeeping add at most 10% to the bare forward. "
                          f"Worst overhead in this run: {worst:+.1f}% ({'met' if worst <= 10 else 'NOT met'}).")
     return "\n".join(lines) + "\n"
 
 
-def profile_models(profile: str, only: tuple[str, ...] = (), batches: tuple[int, ...] = ()) -> list[tuple]:
+def profile_models(profile: str, only: tuple[str, ...] = (), batches: tuple[int, ...] = (),
+                   skip: tuple[tuple[str, int], ...] = ()) -> list[tuple]:
     """The profile's (label, config, batches, AR repeats, verify repeats), kept to the labels starting with one of
-    `only` (all when empty) and to the batch sizes in `batches` (each model's own when empty)."""
+    `only` (all when empty) and to the batch sizes in `batches` (each model's own when empty), without the
+    (label prefix, batch) pairs in `skip` (measured by another run)."""
     chosen = []
     for label, config, own, ar_repeats, verify_repeats in PROFILES[profile]:
         if only and not label.startswith(only):
             continue
-        chosen.append((label, config, tuple(b for b in own if b in batches) if batches else own, ar_repeats,
-                       verify_repeats))
+        kept = tuple(b for b in own if (not batches or b in batches)
+                     and not any(label.startswith(prefix) and b == batch for prefix, batch in skip))
+        chosen.append((label, config, kept, ar_repeats, verify_repeats))
     return chosen
+
+
+def skip_pair(text: str) -> tuple[str, int]:
+    """`--skip` 'LABEL-PREFIX:BATCH' -> (prefix, batch)."""
+    prefix, _, batch = text.rpartition(":")
+    if not prefix or not batch.isdigit():
+        raise argparse.ArgumentTypeError(f"expected LABEL-PREFIX:BATCH, e.g. GPT-XL:1, got {text!r}")
+    return prefix, int(batch)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -238,6 +264,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--only", nargs="*", default=[], help="model-label prefixes to run (default: all)")
     parser.add_argument("--batches", type=int, nargs="*", default=[],
                         help="batch sizes to keep (default: each model's own)")
+    parser.add_argument("--skip", type=skip_pair, nargs="*", default=[],
+                        help="LABEL-PREFIX:BATCH pairs to leave out (e.g. GPT-XL:1, measured by another run)")
+    parser.add_argument("--tag", default="", help="a file-name part for a subset run (e.g. _rest: ar_rest_cuda_...)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device = torch.device(args.device)
@@ -245,10 +274,10 @@ def main(argv: list[str] | None = None) -> dict:
     profile = args.profile or ("cuda" if device.type == "cuda" else "cpu")
     from ..loading.checkpoints import load_gpt
 
-    report = Report(args.out, f"ar_{device.type}_{args.dtype}", markdown, **machine_info(device), dtype=args.dtype,
-                    cfg_scale=args.cfg, ar=[], verify=[], errors=[])
+    report = Report(args.out, f"ar{file_tag(args.tag)}_{device.type}_{args.dtype}", markdown, **machine_info(device),
+                    dtype=args.dtype, cfg_scale=args.cfg, ar=[], verify=[], errors=[])
     for label, config, batches, ar_repeats, verify_repeats in profile_models(profile, tuple(args.only),
-                                                                             tuple(args.batches)):
+                                                                             tuple(args.batches), tuple(args.skip)):
         try:  # one model failing (memory, a kernel) must not lose the others' rows
             if config is None:
                 model, label = load_gpt(EMBEDDED_GPT, device=device, dtype=dtype).model, EMBEDDED_NAME

@@ -33,7 +33,7 @@ from ..decoding.trees.config import SpeculativeConfig
 from ..decoding.trees.specs import NAIVE_EXTEND_57
 from ..loading.embedded import EMBEDDED_NAME, load_embedded
 from .ar import machine_info
-from .report_writer import Report
+from .report_writer import Report, step_cells
 from .speculative import CPU_DYNAMIC, Method, Tally, quality_cells, summarise, timing_rows, tree_label
 
 log = logging.getLogger("lantern_core.benchmarks.batched")
@@ -95,6 +95,7 @@ def run(images: int, sampling: SamplingConfig, device: torch.device, dtype: torc
                     result = m.decode(model, drafter, cond, sampling, gens, neighbors)
                     synchronize(device)
                     t.seconds += time.perf_counter() - t0
+                    t.steps = t.steps.merged(result.stats.steps)
                     # per image: the prefill and its verifications (AR: one forward per token)
                     t.forwards += result.stats.forward_passes * (1 if m.spec is not None else b)
                     if m.spec is not None:
@@ -138,15 +139,16 @@ def markdown(report: dict) -> str:
              f"{report['images']} images per row (class i mod 8, seed i), batch sizes and methods interleaved per "
              f"round of {report.get('round', ROUND)} images; {report['date']}", "",
              "| batch | method | tree / window | images / s | speed-up vs AR at this batch | mean accepted length | "
-             "classifier acc. | Frechet (clf features) vs real | token-marginal TVD vs AR |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "classifier acc. | Frechet (clf features) vs real | token-marginal TVD vs AR | graphs | compiled |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report.get("rows", []):
         lines.append(f"| {r['batch']} | {r['method']} | {r['tree']} | {r['images_per_s']:.2f} | "
-                     f"{r['speedup_vs_ar']:.2f}x | {r['mean_accepted_length']:.2f} | {quality_cells(r)} |")
+                     f"{r['speedup_vs_ar']:.2f}x | {r['mean_accepted_length']:.2f} | {quality_cells(r)} | "
+                     f"{step_cells(r)} |")
     lines += ["", "Mean accepted length: image tokens per target forward per image (prefill included). The batch "
                   "runs until its slowest image is done: where steps run eagerly (CPU, MPS) an image that is done "
                   "leaves the batch and stops costing work; a captured (CUDA) batch keeps it, masked, at no extra "
-                  "forward.",
+                  "forward. `graphs` / `compiled`: how the timed runs' steps ran (as in the speculative report).",
               "", "## Goals", "", "| method | goal | measured | met |", "|---|---|---|---|"]
     for g in report.get("goals", []):
         lines.append(f"| {g['method']} | {g['goal']} | {g['measured']:.2f}x | {'yes' if g['met'] else 'no'} |")

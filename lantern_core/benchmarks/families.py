@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from .ar import machine_info
-from .report_writer import Report
+from .report_writer import Report, merged_steps, step_cells, step_fields
 from ..conditioning import Condition
 from ..config import DrafterConfig, GPTConfig, SamplingConfig
 from ..decoding.generate import generate, synchronize
@@ -186,9 +186,9 @@ def bench_family(label: str, model: PromptedImageLM, images: int, device, drafte
     for name, method in methods.items():
         if name != "ar" and only and not name.startswith(only):
             continue
-        passes, accepted = [], []
+        passes, accepted, steps = [], [], []
 
-        def decode(seed, method=method, passes=passes, accepted=accepted):
+        def decode(seed, method=method, passes=passes, accepted=accepted, steps=steps):
             cond = pool.row(seed % PROMPTS)
             gen = torch.Generator(device=device).manual_seed(seed)
             if method is None:
@@ -201,13 +201,15 @@ def bench_family(label: str, model: PromptedImageLM, images: int, device, drafte
                                               compile=BENCH_COMPILE)
             passes.append(result.stats.forward_passes)
             accepted.append(result.stats.mean_accepted_length)
+            steps.append(result.stats.steps)
 
         decode(999)  # warm-up (and the auto window's calibration)
-        passes.clear(), accepted.clear()
+        passes.clear(), accepted.clear(), steps.clear()
         seconds = time_images(decode, images, device)
         results[name] = {"s_per_image": round(seconds, 4), "forward_passes": round(statistics.mean(passes), 1),
                          "mean_accepted_length": round(statistics.mean(accepted), 3),
-                         "speedup_vs_ar": round(results["ar"]["s_per_image"] / seconds, 3) if results else 1.0}
+                         "speedup_vs_ar": round(results["ar"]["s_per_image"] / seconds, 3) if results else 1.0,
+                         **step_fields(merged_steps(steps))}
         progress(row)
     return row
 
@@ -222,12 +224,14 @@ def markdown(report: dict) -> str:
              f"{report.get('train_steps', 0)} steps on the model's own samples for the same {PROMPTS} prompts the images "
              "are drawn for; LANTERN++: naive_extend_57, k 10, "
              "lambda 5 over a random codebook", "",
-             "| model | tokens | method | forward passes / image | mean accepted length | s / image | speed-up vs AR |",
-             "|---|---|---|---|---|---|---|"]
+             "| model | tokens | method | forward passes / image | mean accepted length | s / image | speed-up vs AR | "
+             "graphs | compiled |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report.get("rows", []):
         for name, m in r["methods"].items():
             lines.append(f"| {r['model']} | {r['image_tokens']} | {name} | {m['forward_passes']} | "
-                         f"{m.get('mean_accepted_length', 1.0):.2f} | {m['s_per_image']:.3f} | {m['speedup_vs_ar']:.2f}x |")
+                         f"{m.get('mean_accepted_length', 1.0):.2f} | {m['s_per_image']:.3f} | "
+                         f"{m['speedup_vs_ar']:.2f}x | {step_cells(m)} |")
     lines += ["", "Forward over n tokens (2 CFG rows, mid-image context), ms:", ""]
     for r in report.get("rows", []):
         lines.append(f"- {r['model']}: " + " / ".join(f"{n}:{ms:.2f}" for n, ms in r["curve_ms"]))

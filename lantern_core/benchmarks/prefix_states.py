@@ -29,7 +29,7 @@ from .speculative import BENCH_COMPILE
 from ..decoding.trees.specs import chain_tree
 from ..models.drafter import EagleDrafter
 from .ar import machine_info, random_model
-from .report_writer import Report
+from .report_writer import Report, merged_steps, step_cells, step_fields
 
 log = logging.getLogger("lantern_core.benchmarks.prefix_states")
 CAPTION_TOKENS = 120  # LlamaGen-T2I's caption length
@@ -39,14 +39,15 @@ TINY = dict(dim=64, n_layer=2, n_head=4)  # `--model tiny`: GPT-B's t2i layout, 
 
 def measure(model, drafter, condition: Condition, repeats: int,
             progress: Callable[[dict], None] = lambda medians: None) -> dict:
-    """Interleaved native / hf_port runs; medians of wall and prefill seconds per convention (also handed to
-    `progress` after every timed round)."""
+    """Interleaved native / hf_port runs; medians of wall and prefill seconds per convention, with how the timed
+    runs' steps ran (`step_fields`), also handed to `progress` after every timed round."""
     device = model.tok_embeddings.weight.device
     sampling = SamplingConfig(cfg_scale=4.0, temperature=1.0, top_k=1000)
     spec = SpeculativeConfig(static_tree=chain_tree(4))
     drafters = {states: drafter if states == "native" else _with_states(drafter, states)
                 for states in ("native", "hf_port")}
     times = {states: {"wall_s": [], "prefill_s": []} for states in drafters}
+    steps = {states: [] for states in drafters}
     for repeat in range(repeats + 1):  # the first round warms up
         for states, d in drafters.items():
             synchronize(device)
@@ -57,13 +58,15 @@ def measure(model, drafter, condition: Condition, repeats: int,
             if repeat:
                 times[states]["wall_s"].append(time.perf_counter() - start)
                 times[states]["prefill_s"].append(result.stats.prefill_time_s)
+                steps[states].append(result.stats.steps)
         if repeat:
-            progress(_medians(times))
-    return _medians(times)
+            progress(_medians(times, steps))
+    return _medians(times, steps)
 
 
-def _medians(times: dict) -> dict:
-    return {states: {k: statistics.median(v) for k, v in t.items()} for states, t in times.items()}
+def _medians(times: dict, steps: dict) -> dict:
+    return {states: {**{k: statistics.median(v) for k, v in t.items()}, **step_fields(merged_steps(steps[states]))}
+            for states, t in times.items()}
 
 
 def _with_states(drafter: EagleDrafter, states: str) -> EagleDrafter:
@@ -103,7 +106,7 @@ def compared(medians: dict) -> dict:
 def markdown(report: dict) -> str:
     if "medians" not in report:
         return f"# Drafter prefix states ({report['device']}, {report['dtype']})\n\nNo timed round finished yet.\n"
-    rows = "\n".join(f"| {states} | {1000 * m['wall_s']:.0f} | {1000 * m['prefill_s']:.1f} |"
+    rows = "\n".join(f"| {states} | {1000 * m['wall_s']:.0f} | {1000 * m['prefill_s']:.1f} | {step_cells(m)} |"
                      for states, m in report["medians"].items())
     return f"""# Drafter prefix states: cost of the HF-port caption states ({report['device']}, {report['dtype']})
 
@@ -112,8 +115,8 @@ Random {report['model']}-shaped t2i target, {report['grid']}x{report['grid']} gr
 caption with {report['real_caption_tokens']} real tokens (left-padded), cfg {report['cfg_scale']}, tree {report['tree']},
 batch 1; the same random drafter as "native" and as "hf_port", interleaved, medians of {report['repeats']} runs each.
 
-| drafter prefix states | ms per image (whole run) | ms prefill |
-|---|---|---|
+| drafter prefix states | ms per image (whole run) | ms prefill | graphs | compiled |
+|---|---|---|---|---|
 {rows}
 
 hf_port adds {report['extra_prefill_ms']:.1f} ms at the prefill (one forward over the caption); whole run

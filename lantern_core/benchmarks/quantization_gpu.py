@@ -25,11 +25,11 @@ from ..conditioning import Condition
 from ..config import SamplingConfig, gpt_preset
 from ..decoding.generate import generate, synchronize
 from ..decoding.sampling import make_generators
-from ..decoding.step_graphs import COMPILE_CHOICES
+from ..decoding.step_graphs import COMPILE_CHOICES, StepExecution
 from ..models import quantized
 from ..models.quantized import WEIGHT_CHOICES, quantize_blocks, resident_bytes, scheme_named
-from .ar import SEVEN_B, TINY_SHAPE, machine_info, random_model
-from .report_writer import Report
+from .ar import SEVEN_B, TINY_SHAPE, file_tag, machine_info, random_model
+from .report_writer import Report, step_cells, step_fields
 
 log = logging.getLogger("lantern_core.benchmarks.quantization_gpu")
 MODELS = {"7B": SEVEN_B, "GPT-B": gpt_preset("GPT-B", "c2i", 256), "tiny": TINY_SHAPE}
@@ -42,8 +42,10 @@ def build(config, device: torch.device, weights: str) -> torch.nn.Module:
     return quantize_blocks(model, scheme_named(weights))
 
 
-def time_run(model, batch: int, compile: str, device: torch.device, sampling: SamplingConfig) -> tuple[float, int]:
-    """(ms per AR step, peak bytes allocated) of one whole image batch, after a warm-up run (captures)."""
+def time_run(model, batch: int, compile: str, device: torch.device,
+             sampling: SamplingConfig) -> tuple[float, int, StepExecution]:
+    """(ms per AR step, peak bytes allocated, how its steps ran) of one whole image batch, after a warm-up run
+    (captures)."""
     condition = Condition.classes([i % model.config.num_classes for i in range(batch)], device=device)
     generate(model, condition, sampling, make_generators(1, batch, device), compile=compile)
     synchronize(device)
@@ -54,7 +56,7 @@ def time_run(model, batch: int, compile: str, device: torch.device, sampling: Sa
     synchronize(device)
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    return 1000.0 * seconds / result.stats.forward_passes, peak
+    return 1000.0 * seconds / result.stats.forward_passes, peak, result.stats.steps
 
 
 def run(config, device: torch.device, batches: tuple[int, ...], compiles: tuple[str, ...],
@@ -69,10 +71,10 @@ def run(config, device: torch.device, batches: tuple[int, ...], compiles: tuple[
         resident = resident_bytes(model)
         for compile in compiles:
             for batch in batches:
-                ms, peak = time_run(model, batch, compile, device, sampling)
+                ms, peak, steps = time_run(model, batch, compile, device, sampling)
                 report.add("rows", {"weights": weights, "matmul": matmul, "compile": compile, "batch": batch,
                                     "ms_per_step": ms, "resident_weight_bytes": resident,
-                                    "peak_allocated_bytes": peak})
+                                    "peak_allocated_bytes": peak, **step_fields(steps)})
                 log.info("%s", rows[-1])
         quantized.FUSED_ROWS = fused_rows
         del model
@@ -84,15 +86,17 @@ def run(config, device: torch.device, batches: tuple[int, ...], compiles: tuple[
 def markdown(report: dict) -> str:
     lines = [f"# int8 / fp8 weights: AR step time and memory ({report['device']}, bfloat16 compute)", "",
              f"{report['model']}; {report['machine']}; torch {report['torch']}; cfg 4; {report['date']}", "",
-             "| weights | compile | batch | ms / step | vs bf16 | resident weights (GiB) | peak allocated (GiB) |",
-             "|---|---|---|---|---|---|---|"]
+             "| weights | compile | batch | ms / step | vs bf16 | resident weights (GiB) | peak allocated (GiB) | "
+             "graphs | compiled |",
+             "|---|---|---|---|---|---|---|---|---|"]
     base = {(r["compile"], r["batch"]): r["ms_per_step"] for r in report["rows"] if r["weights"] == "none"}
     for r in report["rows"]:
         weights = r["weights"] if r.get("matmul", "-") in ("-", "fused") else f"{r['weights']} ({r['matmul']})"
         bf16 = base.get((r["compile"], r["batch"]))  # absent while a stopped run's bf16 row is missing
         ratio = f"{r['ms_per_step'] / bf16:.2f}x" if bf16 else ""
         lines.append(f"| {weights} | {r['compile']} | {r['batch']} | {r['ms_per_step']:.2f} | {ratio} | "
-                     f"{r['resident_weight_bytes'] / 2**30:.2f} | {r['peak_allocated_bytes'] / 2**30:.2f} |")
+                     f"{r['resident_weight_bytes'] / 2**30:.2f} | {r['peak_allocated_bytes'] / 2**30:.2f} | "
+                     f"{step_cells(r)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -106,11 +110,13 @@ def main(argv: list[str] | None = None) -> dict:
                         help="graphs: the eager step captured; auto: fused by Inductor first (minutes for 7B)")
     parser.add_argument("--matmul", nargs="+", default=["fused"], choices=["fused", "dequantize"],
                         help="int8/fp8 matmul: fused (each stored byte read once) and/or dequantize (the control)")
+    parser.add_argument("--tag", default="",
+                        help="a file-name part for a subset run (e.g. _rest: quantization_rest_cuda_bfloat16)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     device = torch.device(args.device)
-    report = Report(args.out, f"quantization_{device.type}_bfloat16", markdown, **machine_info(device),
-                    model=f"{args.model} (random weights)", rows=[])
+    report = Report(args.out, f"quantization{file_tag(args.tag)}_{device.type}_bfloat16", markdown,
+                    **machine_info(device), model=f"{args.model} (random weights)", rows=[])
     run(MODELS[args.model], device, tuple(args.batches), tuple(args.compile), tuple(args.matmul), report)
     return report.finish()
 

@@ -1,13 +1,18 @@
 """Benchmark reports written whole after every row: `out/<stem>.json` (the data) and `out/<stem>.md` (the table
 people read), rewritten from the rows so far, so a run that is stopped (a timeout, a crash) keeps what it
-measured. `complete` is false in the files until the benchmark finishes."""
+measured. `complete` is false in the files until the benchmark finishes. Every row that times decode steps says
+how they ran (`step_fields`: replayed CUDA graphs or eager, compiled or not), so a fallback cannot pass for a
+measurement."""
 from __future__ import annotations
 
 import json
 import logging
 import os
+from functools import reduce
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
+
+from ..decoding.step_graphs import StepExecution
 
 log = logging.getLogger("lantern_core.benchmarks.report_writer")
 
@@ -52,3 +57,21 @@ class Report:
     def save(self) -> None:
         if self.out is not None:
             write_report(self.out, self.stem, self.data, self.render(self.data))
+
+
+def merged_steps(executions: Iterable[StepExecution]) -> StepExecution:
+    """The runs' `StepExecution`s together (the runs of one row, all under the same compile choice)."""
+    return reduce(StepExecution.merged, executions, StepExecution())
+
+
+def step_fields(execution: StepExecution) -> dict:
+    """A row's columns for how its timed steps ran: `graphs` ("all", "partial", "none", or "off" where nothing was
+    to be captured), `compiled` ("inductor", "failed" or "off") and `fell_back`."""
+    return {"graphs": execution.graphs, "compiled": execution.compile, "fell_back": execution.fell_back}
+
+
+def step_cells(row: dict) -> str:
+    """The markdown cells `graphs | compiled` of a row (blank for a row without them), a fallback in capitals."""
+    if "graphs" not in row:
+        return " | "
+    return f"{row['graphs']}{' (FELL BACK)' if row.get('fell_back') else ''} | {row['compiled']}"

@@ -39,7 +39,8 @@ from ..decoding.trees.config import SpeculativeConfig
 from ..decoding.trees.driver import speculative_generate
 from ..decoding.trees.specs import NAIVE_EXTEND_57
 from ..decoding.trees.auto import measure_costs
-from .report_writer import Report
+from ..decoding.step_graphs import StepExecution
+from .report_writer import Report, step_cells, step_fields
 
 log = logging.getLogger("lantern_core.benchmarks.speculative")
 CPU_DYNAMIC = DynamicShape(depth=3, top_k=4, nodes=8)  # EAGLE-2 at CPU size: its 58 nodes cost ~5 steps here
@@ -121,6 +122,7 @@ class Tally:
     tokens: list = field(default_factory=list)
     labels: list = field(default_factory=list)
     pixels: list = field(default_factory=list)
+    steps: StepExecution = StepExecution()  # how the timed runs' steps ran, all together
 
 
 def frechet(a: np.ndarray, b: np.ndarray) -> float:
@@ -184,6 +186,7 @@ def run(images: int, round_size: int, sampling: SamplingConfig, device: torch.de
                 t0 = time.perf_counter()
                 result = m.decode(model, drafter, cond, sampling, gens, neighbors)
                 t.forwards += result.stats.forward_passes
+                t.steps = t.steps.merged(result.stats.steps)
                 if m.spec is not None:
                     t.trees.add(tree_label(result.stats.tree))
                 synchronize(device)
@@ -213,7 +216,7 @@ def timing_rows(rows: list[Method], tallies: dict) -> list[dict]:
         out.append({"method": m.name, "tree": ", ".join(sorted(t.trees)) or "-", "images": t.images,
                     "forward_passes_per_image": t.forwards / t.images,
                     "mean_accepted_length": t.tokens[0].shape[1] * t.images / t.forwards,
-                    "s_per_image": s_per_image, "speedup_vs_ar": ar_s / s_per_image})
+                    "s_per_image": s_per_image, "speedup_vs_ar": ar_s / s_per_image, **step_fields(t.steps)})
     return out
 
 
@@ -265,16 +268,18 @@ def markdown(report: dict) -> str:
              f"{report['images']} images per row (class i mod 8, seed i), batch 1, rows interleaved per round; "
              f"{report['date']}", "",
              "| method | tree | forward passes / image | mean accepted length | s / image | speed-up vs AR | "
-             "classifier acc. | Frechet (clf features) vs real | token-marginal TVD vs AR |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "classifier acc. | Frechet (clf features) vs real | token-marginal TVD vs AR | graphs | compiled |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report.get("rows", []):
         lines.append(f"| {r['method']} | {r['tree']} | {r['forward_passes_per_image']:.1f} | "
                      f"{r['mean_accepted_length']:.2f} | {r['s_per_image']:.3f} | {r['speedup_vs_ar']:.2f}x | "
-                     f"{quality_cells(r)} |")
+                     f"{quality_cells(r)} | {step_cells(r)} |")
     lines += ["", "The `ar (other seeds)` row is the noise floor: two AR sample sets differ this much by chance "
                   "alone. Exact modes (eagle2, static_tree, sjd, sjd_coupled, sjd continuation, the 2-D (next row) rows) "
                   "sample the AR distribution, so their quality columns should sit within that noise; the relaxed and "
-                  "sjd_2d_relaxed rows are lossy and are measured against it.", "",
+                  "sjd_2d_relaxed rows are lossy and are measured against it. `graphs`: how the timed runs' steps "
+                  "ran (all replayed from CUDA graphs; partial or none: a fallback to eager; off: nothing captured "
+                  "on this device); `compiled`: off (the rows decode with compile graphs).", "",
               "## Forward-cost curve (what `auto` plans with)", ""]
     if "cost_curve" not in report:
         return "\n".join(lines + ["Not measured yet (the run stopped before it)."]) + "\n"

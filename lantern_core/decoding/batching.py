@@ -26,6 +26,7 @@ from ..conditioning import Condition, Prefix
 from ..config import SamplingConfig
 from ..models.gpt import ImageTransformer
 from .generate import GenerationStats, prefill
+from .step_graphs import StepExecution, StepRunner
 
 
 class DoneReader:
@@ -99,7 +100,7 @@ class SpeculativeStats(GenerationStats):
 
     def summary(self) -> str:
         depth = " ".join(f"{a:.2f}" for a in self.acceptance_by_depth)
-        text = (super().summary() + f"; {self.tree}; {self.iterations} verifications, acceptance by depth [{depth}], "
+        text = (self.speed_text() + f"; {self.tree}; {self.iterations} verifications, acceptance by depth [{depth}], "
                 f"TVD spent mean {self.mean_absorbed:.3f} max {self.max_absorbed:.3f}")
         if self.row_commits:
             share = 100 * sum(self.row_commits) / max(self.batch * self.image_tokens, 1)
@@ -107,7 +108,7 @@ class SpeculativeStats(GenerationStats):
         if self.batch > 1:
             lengths = " ".join(f"{p['mean_accepted_length']:.2f}" for p in self.per_image)
             text += f"; batch of {self.batch} in {self.batch_forwards} forwards, accepted length per image [{lengths}]"
-        return text
+        return text + self.fallback_text()
 
 
 @dataclass
@@ -125,6 +126,7 @@ class RunTally:
     prefill_s: float = 0.0
     cache_bytes: int = 0
     row_commits: torch.Tensor | None = None  # relaxed 2-D: (R-1,) tokens committed per lower row window
+    steps: StepExecution = StepExecution()  # how the iterations ran, over every runner and batch of the run
 
     def __post_init__(self) -> None:
         self.absorbed_sum = torch.zeros((), device=self.device)
@@ -148,7 +150,12 @@ class RunTally:
             max_absorbed=float(self.absorbed_max),
             accepted_by_node=[] if self.by_node is None else self.by_node.tolist(), tree=tree,
             batch_forwards=self.batches + self.batch_iterations, per_image=per_image,
-            row_commits=[] if self.row_commits is None else self.row_commits.tolist())
+            row_commits=[] if self.row_commits is None else self.row_commits.tolist(), steps=self.steps)
+
+    def add_steps(self, runner: StepRunner) -> None:
+        """Fold how `runner`'s steps of this run went (replayed or eager, compiled or not) in: called when a batch
+        loop is done with a runner (it switched to a smaller eager one, or the batch ended)."""
+        self.steps = self.steps.merged(runner.execution())
 
     def add_images(self, state, local: list[int], original: list[int]) -> None:
         """Fold the per-image counters of images `local` of a batch state (a `TreeState` or `JacobiState`:

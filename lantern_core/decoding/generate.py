@@ -22,7 +22,7 @@ from ..models.kv_cache import KVCache, attention_mask
 from .ar_step import (ARBuffers, ARShape, ar_step, draw_uniforms_upfront, exact_window, sample_step_tokens, slots_for,
                       window_for, windows)
 from .sampling import Generators
-from .step_graphs import RunLayout, StepRunner, layout_for, runner
+from .step_graphs import RunLayout, StepExecution, StepRunner, layout_for, runner
 
 # (tokens done per sample, total per sample, the (B, N) token buffer filled up to `done`)
 StepCallback = Callable[[int, int, torch.Tensor], None]
@@ -36,6 +36,7 @@ class GenerationStats:
     wall_time_s: float
     prefill_time_s: float
     kv_cache_bytes: int
+    steps: StepExecution = StepExecution()  # how the decode steps ran: replayed graphs or eager, compiled or not
 
     @property
     def tokens_per_s(self) -> float:
@@ -52,13 +53,20 @@ class GenerationStats:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.update(tokens_per_s=self.tokens_per_s, ms_per_step=self.ms_per_step,
-                   mean_accepted_length=self.mean_accepted_length)
+                   mean_accepted_length=self.mean_accepted_length, steps=self.steps.to_dict())
         return out
 
-    def summary(self) -> str:
+    def speed_text(self) -> str:
         return (f"{self.batch}x{self.image_tokens} tokens in {self.wall_time_s:.2f} s "
                 f"({self.tokens_per_s:.1f} tok/s, {self.forward_passes} forward passes, "
                 f"{self.ms_per_step:.1f} ms/step, mean accepted length {self.mean_accepted_length:.2f})")
+
+    def fallback_text(self) -> str:
+        """'; steps: <how they ran>' when a requested graph or compile fell back to eager, else ''."""
+        return f"; steps: {self.steps.describe()}" if self.steps.fell_back else ""
+
+    def summary(self) -> str:
+        return self.speed_text() + self.fallback_text()
 
 
 @dataclass
@@ -158,5 +166,5 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
     synchronize(device)
     stats = GenerationStats(batch=condition.batch, image_tokens=n_tokens, forward_passes=n_tokens,
                             wall_time_s=time.perf_counter() - start, prefill_time_s=prefill_time,
-                            kv_cache_bytes=cache_bytes)
+                            kv_cache_bytes=cache_bytes, steps=step_runner.execution())
     return GenerationResult(tokens, stats, torch.ones_like(tokens, dtype=torch.int32), model.config.grid_size)

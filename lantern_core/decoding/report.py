@@ -9,14 +9,15 @@ from .generate import GenerationResult
 
 def stats_payload(result: GenerationResult, mode: str, tree_label: str, drafter: str, conditions: list[str]) -> dict:
     """The run's stats as JSON-ready values: speed, forward passes, accepted lengths (per image in a batch),
-    the tree or window used, the relaxation spent and image 0's acceptance heat map. `drafter` names the
+    the tree or window used, the relaxation spent, image 0's acceptance heat map and how the decode steps ran
+    (`steps`: `StepExecution.to_dict`, replayed CUDA graphs or eager, compiled or not). `drafter` names the
     drafter ("none (training-free)" for the Jacobi modes); `conditions` describes each image."""
     s = result.stats
     payload = {"mode": mode, "batch": s.batch, "image_tokens": s.image_tokens,
                "forward_passes": s.forward_passes, "wall_time_s": round(s.wall_time_s, 4),
                "tokens_per_s": round(s.tokens_per_s, 2), "ms_per_step": round(s.ms_per_step, 3),
                "mean_accepted_length": round(s.mean_accepted_length, 4), "speculative": mode != "ar",
-               "conditions": conditions, "heatmap": result.acceptance_grid(0)}
+               "conditions": conditions, "heatmap": result.acceptance_grid(0), "steps": s.steps.to_dict()}
     if isinstance(s, SpeculativeStats):
         payload.update(tree=s.tree or tree_label, drafter=drafter, drafter_prefix_states=s.drafter_prefix_states,
                        acceptance_by_depth=[round(a, 4) for a in s.acceptance_by_depth],
@@ -32,7 +33,8 @@ def stats_payload(result: GenerationResult, mode: str, tree_label: str, drafter:
 
 
 def stats_text(payload: dict) -> str:
-    """One line of the payload for a person (the node's text output, the command line's summary)."""
+    """One line of the payload for a person (the node's text output, the command line's summary), ending with
+    the fallback when the run's steps fell back from the CUDA graphs or compile they asked for."""
     text = (f"{payload['mode']}: {payload['batch']} x {payload['image_tokens']} tokens in "
             f"{payload['wall_time_s']:.2f} s ({payload['tokens_per_s']:.1f} tok/s), "
             f"{payload['forward_passes']} forward passes, mean accepted length {payload['mean_accepted_length']:.2f}")
@@ -50,4 +52,21 @@ def stats_text(payload: dict) -> str:
             lengths = " ".join(f"{a:.2f}" for a in payload["accepted_length_per_image"])
             text += (f", the batch decoded together in {payload['batch_forwards']} forwards, mean accepted length "
                      f"per image [{lengths}]")
-    return text
+    return text + fallback_text(payload.get("steps") or {})
+
+
+def fallback_text(steps: dict) -> str:
+    """'; fell back to eager for ...' when the run's `steps` (a `StepExecution.to_dict`) fell back from the CUDA
+    graphs or the Inductor compile it asked for, else '' (a run that was eager by choice says nothing)."""
+    if not steps.get("fell_back"):
+        return ""
+    parts = []
+    if steps.get("graphs") in ("partial", "none"):
+        total = steps.get("replayed", 0) + steps.get("eager", 0)
+        parts.append(f"fell back to eager for {steps.get('eager', 0)} of {total} steps "
+                     "(not replayed from a CUDA graph)")
+    if steps.get("compile") == "failed":
+        parts.append("fell back to uncompiled steps (the Inductor compile failed)")
+    if steps.get("capture_error"):
+        parts.append(f"capture failed: {str(steps['capture_error'])[:120]}")
+    return "; " + ", ".join(parts or ["fell back to eager"]) + "; same tokens, slower"

@@ -36,7 +36,6 @@ log = logging.getLogger("lantern_core.step_graphs")
 
 COMPILE_CHOICES = ("auto", "graphs", "off")
 SLOT_BUCKET = 64  # captured cache lengths and attention windows are multiples of this
-MAX_RUNNERS_PER_MODEL = 3  # step shapes kept per model (each holds its own KV cache)
 WARMUP_STEPS = 2
 COMPILE_BACKEND = "inductor"  # what compile "auto" fuses steps with (the tests swap in cheaper back ends)
 

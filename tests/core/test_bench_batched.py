@@ -20,6 +20,7 @@ def test_rows_goals_and_report_on_one_round(monkeypatch):
     for b in (2, 4):
         ar = rows[(b, "ar")]
         assert ar["forward_passes_per_image"] == 256 and ar["mean_accepted_length"] == 1.0
+        assert all(rows[(b, m.name)]["graphs"] == "off" and not rows[(b, m.name)]["fell_back"] for m in chosen)
         assert ar["speedup_vs_ar"] == 1.0
         for name in ("sjd_coupled", "sjd_relaxed lambda=5", "eagle2"):
             r = rows[(b, name)]
@@ -33,6 +34,7 @@ def test_rows_goals_and_report_on_one_round(monkeypatch):
                   sampling={"cfg_scale": 3.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}, machine="x", date="d")
     text = bb.markdown(report)
     assert "| 2 | sjd_coupled | window " in text and "| sjd_relaxed lambda=5 | > 1x AR at batch 4 |" in text
+    assert text.count(" | off | off |") == len(rows)
 
 
 def test_gpu_goals_cover_every_mode():

@@ -33,6 +33,7 @@ def test_rows_and_report_on_two_images(monkeypatch):
     assert rows["static_tree (auto)"]["tree"].startswith("auto_")
     for r in rows.values():
         assert r["images"] == 2 and r["s_per_image"] > 0 and 0 <= r["classifier_accuracy"] <= 1
+        assert (r["graphs"], r["compiled"], r["fell_back"]) == ("off", "off", False)  # eager by choice on a CPU
         assert r["frechet_vs_real"] >= 0
     assert rows["static_tree (auto)"]["mean_accepted_length"] > 1.0
     # the training-free row: a window, no drafter
@@ -42,3 +43,4 @@ def test_rows_and_report_on_two_images(monkeypatch):
                   cost_curve={"verify_ms": [(1, 2.0), (4, 3.0)], "draft_ms": 0.7})
     text = bs.markdown(report)
     assert "| static_tree (auto) | auto_" in text and "| sjd_coupled | window " in text and "| 4 | 3.00 | 1.50x |" in text
+    assert text.count(" | off | off |") == 3  # every row's graphs and compiled cells

@@ -19,7 +19,7 @@ from lantern_core.decoding import auto_store
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_STATS = {"mode", "batch", "image_tokens", "forward_passes", "tokens_per_s", "mean_accepted_length", "heatmap",
-              "heatmap_image", "speculative", "conditions"}
+              "heatmap_image", "speculative", "conditions", "steps"}
 SPECULATIVE_STATS = {"tree", "drafter", "acceptance_by_depth", "accepted_histogram", "relaxed_tokens",
                      "mean_tvd_spent", "max_tvd_spent", "batch_forwards", "accepted_length_per_image",
                      "drafter_prefix_states"}

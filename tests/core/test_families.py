@@ -235,6 +235,8 @@ def test_family_benchmark_writes_a_report(tmp_path):
         assert set(row["methods"]) == {"ar", "sjd", "sjd_coupled", "sjd_coupled 2-D", "sjd_2d_relaxed", "static_tree",
                                        "lantern_pp"}
         assert row["methods"]["ar"]["forward_passes"] == row["image_tokens"]
+        assert all((m["graphs"], m["compiled"], m["fell_back"]) == ("off", "off", False)
+                   for m in row["methods"].values())
         for name in ("sjd_coupled", "sjd_coupled 2-D", "sjd_2d_relaxed", "static_tree", "lantern_pp"):
             assert row["methods"][name]["forward_passes"] <= row["image_tokens"]
         assert [n for n, _ in row["curve_ms"]][:2] == [1, 2] and all(ms > 0 for _, ms in row["curve_ms"])

@@ -38,11 +38,11 @@ SJD = JacobiConfig(window=6)
 class Session:
     """One backend for the sequences: the stand-in on the CPU, or the real GPU."""
 
-    def __init__(self, kind: str, monkeypatch, caplog, devices: int = 1):
+    def __init__(self, kind: str, monkeypatch, caplog, devices: int = 1, clear_workspaces_at_reset: bool = False):
         self.kind, self.caplog = kind, caplog
         self.cuda = None
         if kind == "stand_in":
-            self.cuda = CudaStandIn(monkeypatch, devices=devices)
+            self.cuda = CudaStandIn(monkeypatch, devices=devices, clear_workspaces_at_reset=clear_workspaces_at_reset)
             self.cuda.__enter__()
             monkeypatch.setattr(step_graphs, "uses_graphs", lambda choice, device: choice in ("auto", "graphs"))
             monkeypatch.setattr(step_graphs, "uses_inductor", lambda choice, device: False)
@@ -125,6 +125,18 @@ def _all_captured(model) -> bool:
 
 def test_ar_tree_ar_sjd_tree_on_one_model_stays_captured(session):
     """A user's evening: AR, then LANTERN++-style trees with a drafter, AR again, SJD, trees again."""
+    _evening(session)
+
+
+def test_the_evening_also_holds_where_a_graph_reset_clears_the_workspaces(monkeypatch, caplog):
+    session = Session("stand_in", monkeypatch, caplog, clear_workspaces_at_reset=True)
+    try:
+        _evening(session)
+    finally:
+        session.close()
+
+
+def _evening(session) -> None:
     model = session.model()
     drafter = session.drafter(model)
     _same_as_eager(session, _ar, model)

@@ -107,6 +107,9 @@ def test_sampler_outputs_tokens_stats_and_heat_map(node, model):
     payload = out.ui["lantern_stats"][0]
     assert payload["mode"] == "ar" and payload["forward_passes"] == 256 and payload["conditions"] == ["rocket"]
     assert payload["heatmap"] == [[1] * 16] * 16
+    assert payload["steps"] == {"graphs": "off", "replayed": 0, "eager": 255, "compile": "off", "fell_back": False,
+                                "capture_error": ""}  # eager by choice on a CPU: no fallback, none said
+    assert "fell back" not in text
 
 
 def test_sampler_reserves_its_planned_run_and_refuses_one_that_does_not_fit(pack, node, model, monkeypatch):

@@ -95,9 +95,11 @@ def decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchRe
             sink.report(progress.total)
             smaller, keep = retire_finished(state, progress, sink, sampling.uses_cfg) if layout.exact else (None, None)
             if smaller is not None:
+                tally.add_steps(step_runner)  # the runner it leaves
                 state, shape = smaller, replace(shape, rows=smaller.length.shape[0])
                 context = JacobiContext(model, shape, dist)
                 step_runner = StepRunner(lambda variant, c=context, st=state: jacobi_iteration(c, st, variant[1]), state)
         record_batch(state, progress, sink)
+        tally.add_steps(step_runner)
     finally:
         release_state(state, sink.tally, step_runner.shared)

@@ -94,9 +94,11 @@ def decode_batch(model: ImageTransformer, drafter: EagleDrafter, spec: Speculati
             sink.report(progress.total)
             smaller, keep = retire_finished(state, progress, sink, guided) if layout.exact else (None, None)
             if smaller is not None:
+                tally.add_steps(step_runner)  # the runner it leaves
                 state, shape = smaller, replace(shape, rows=smaller.length.shape[0])
                 step_runner = eager_tree_runner(model, drafter, shape, plan, dist, state)
                 generators = [generators[g] for g in keep]
         record_batch(state, progress, sink)
+        tally.add_steps(step_runner)
     finally:
         release_state(state, sink.tally, step_runner.shared)
