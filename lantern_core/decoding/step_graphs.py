@@ -31,12 +31,15 @@ from typing import Any, Callable, Hashable, Iterable, Iterator
 import torch
 
 from ..errors import ConfigError
+from .capture.graph_capture import (WARMUP_STEPS, _reset_graphs, capture, capture_stream, clear_workspaces,  # noqa: F401
+                            reserved_bytes, return_memory)
+from .capture.compiled_step import CompiledStep, inductor_options  # noqa: F401
+from .capture.step_execution import StepExecution
 
 log = logging.getLogger("lantern_core.step_graphs")
 
 COMPILE_CHOICES = ("auto", "graphs", "off")
 SLOT_BUCKET = 64  # captured cache lengths and attention windows are multiples of this
-WARMUP_STEPS = 2
 COMPILE_BACKEND = "inductor"  # what compile "auto" fuses steps with (the tests swap in cheaper back ends)
 
 
@@ -151,124 +154,9 @@ def layout_for(compile: str, device: torch.device) -> RunLayout:
                      compiled=uses_inductor(compile, device))
 
 
-def inductor_options() -> dict:
-    """Inductor's options for our steps: `emulate_precision_casts` rounds every fused intermediate to the
-    model dtype where eager rounds it (bf16 after each op), so a compiled step gives eager's tokens; without
-    it a bf16 step diverged from eager within a few tokens. Options a torch version lacks are left out."""
-    from torch._inductor import config as inductor_config
-
-    wanted = {"emulate_precision_casts": True}
-    return {name: value for name, value in wanted.items() if hasattr(inductor_config, name)}
-
-
-_STEP_CODES = itertools.count()
-
-
-def _own_code(step: Callable[[Hashable], None]) -> Callable[[Hashable], None]:
-    """`step` behind a function with a code object of its own. Dynamo keeps its compiled graphs per code object,
-    and every runner's step is a lambda from one source line, so without this every shape of a session would
-    count against one code object's recompile limit (8): past it `fullgraph=True` raises and the step would
-    fall back to uncompiled. With its own code object each runner shape compiles once, on its own."""
-    def forward(variant: Hashable) -> None:
-        return step(variant)
-
-    forward.__code__ = forward.__code__.replace(co_name=f"lantern_step_{next(_STEP_CODES)}")
-    return forward
-
-
-class CompiledStep:
-    """`step` fused by Inductor (`fullgraph=True, dynamic=False`, eager's rounding: `inductor_options`), compiled at
-    its first call (a capture's warm-up, so before any graph is recorded) and reused for every later image of the
-    shape; with torch's on-disk cache, across restarts too. A step that fails to compile runs as it is (eager, or
-    captured as it is): said in the log and to the `reporting` listener, and `status` becomes "failed", which
-    every run's `StepExecution` reports. `status`: "pending" (not called yet), "inductor" or "failed"."""
-
-    def __init__(self, step: Callable[[Hashable], None], what: str) -> None:
-        options = inductor_options() if COMPILE_BACKEND == "inductor" else None
-        self.step, self.what, self.status = step, what, "pending"
-        self.compiled = torch.compile(_own_code(step), backend=COMPILE_BACKEND, fullgraph=True, dynamic=False,
-                                      options=options)
-
-    def __call__(self, variant: Hashable) -> None:
-        if self.status == "failed":
-            return self.step(variant)
-        if self.status == "pending":
-            announce(f"compiling the {self.what} step with Inductor (once per model and shape; a minute or more for "
-                     "large models, then every image reuses it)")
-        try:
-            out = self.compiled(variant)
-        except Exception as error:  # the compiler must never fail an image
-            self.status = "failed"
-            log.warning("COMPILE FALLBACK: Inductor could not compile the %s step (%s: %s)", self.what,
-                        type(error).__name__, str(error)[:300])
-            announce(f"Inductor could not compile the {self.what} step; running it uncompiled (slower, same tokens)")
-            return self.step(variant)
-        self.status = "inductor"
-        return out
-
-
 def compiled_step(step: Callable[[Hashable], None], what: str) -> CompiledStep:
-    return CompiledStep(step, what)
-
-
-@dataclass(frozen=True)
-class StepExecution:
-    """How one run's steps ran, for its stats and every benchmark row: `replayed` steps came from a captured CUDA
-    graph, `eager` ones ran as Python; `requested` says whether the run's layout asked for graphs (compile "auto"
-    or "graphs" on CUDA); `compile` is "inductor" (fused), "failed" (Inductor fell back to the plain step) or
-    "off"; `capture_error` is the first capture failure's text. A fallback is a failure, never a measurement:
-    `fell_back` is true whenever a requested graph or compile did not run."""
-
-    requested: bool = False
-    replayed: int = 0
-    eager: int = 0
-    compile: str = "off"
-    capture_error: str = ""
-
-    def __post_init__(self) -> None:
-        if self.compile not in ("inductor", "failed", "off"):
-            raise ValueError(f"compile must be 'inductor', 'failed' or 'off', got {self.compile!r}")
-
-    @property
-    def graphs(self) -> str:
-        """'all' (every step replayed), 'partial', 'none' (graphs asked for, none replayed) or 'off' (eager by
-        choice: compile "off", or a device that never captures)."""
-        if not self.requested:
-            return "off"
-        if self.replayed and not self.eager:
-            return "all"
-        return "partial" if self.replayed else "none"
-
-    @property
-    def fell_back(self) -> bool:
-        return (self.requested and self.eager > 0) or self.compile == "failed"
-
-    def merged(self, other: "StepExecution") -> "StepExecution":
-        """Both runs' steps together (a batch loop that switched runners, several batches of one request)."""
-        compile = "failed" if "failed" in (self.compile, other.compile) else (
-            "inductor" if "inductor" in (self.compile, other.compile) else "off")
-        return StepExecution(self.requested or other.requested, self.replayed + other.replayed,
-                             self.eager + other.eager, compile, self.capture_error or other.capture_error)
-
-    def describe(self) -> str:
-        """A few words for a person: 'CUDA graphs: all 255 steps replayed', 'eager (no graphs)', or the fallback."""
-        if not self.requested:
-            return "eager (no graphs)" + (", Inductor failed" if self.compile == "failed" else "")
-        total = self.replayed + self.eager
-        text = {"all": f"CUDA graphs: all {total} steps replayed",
-                "partial": f"FELL BACK to eager for {self.eager} of {total} steps",
-                "none": f"FELL BACK to eager: no step of {total} replayed"}[self.graphs]
-        if self.compile == "inductor":
-            text += ", Inductor-fused"
-        elif self.compile == "failed":
-            text += ", Inductor compile FAILED (uncompiled steps)"
-        if self.capture_error:
-            text += f" ({self.capture_error[:120]})"
-        return text
-
-    def to_dict(self) -> dict:
-        return {"graphs": self.graphs, "replayed": self.replayed, "eager": self.eager, "compile": self.compile,
-                "fell_back": self.fell_back, "capture_error": self.capture_error}
+    """`step` fused by Inductor with `COMPILE_BACKEND` (`compiled_step.py`)."""
+    return CompiledStep(step, what, COMPILE_BACKEND, announce)
 
 
 @dataclass(frozen=True)
@@ -356,127 +244,11 @@ class StepRunner:
             release()
 
 
-def _reset_graphs(graphs: Iterable[Any]) -> None:
-    for graph in graphs:
-        reset = getattr(graph, "reset", None)
-        if reset is not None:
-            try:
-                reset()
-            except Exception:  # a graph that cannot reset leaks its pool, never the run
-                log.warning("could not reset a CUDA graph", exc_info=True)
-
-
 def weights_signature(model: torch.nn.Module) -> tuple:
     """Device, dtype and addresses of every parameter and buffer: a graph is valid only while they hold."""
     tensors = [*model.parameters(), *model.buffers()]
     first = tensors[0] if tensors else torch.empty(0)
     return (str(first.device), str(first.dtype), hash(tuple(t.data_ptr() for t in tensors)))
-
-
-# --- CUDA: one capture stream per device, cuBLAS workspaces, giving memory back -------------------------------
-
-_STREAMS: dict[int, Any] = {}  # device index -> this process's capture stream for it
-
-
-def _device_index(device: torch.device | int) -> int:
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.index is not None:
-        return device.index
-    with torch.cuda.device(device):  # "cuda": the current device
-        return torch.cuda.current_device()
-
-
-def capture_stream(device: torch.device):
-    """The one side stream every warm-up and capture on `device` runs on (made on that device, once)."""
-    index = _device_index(device)
-    stream = _STREAMS.get(index)
-    if stream is None:
-        stream = _STREAMS[index] = torch.cuda.Stream(device=index)
-    return stream
-
-
-def clear_workspaces() -> None:
-    """Drop cuBLAS's per-stream workspaces, as PyTorch's cudagraph trees do around every recording: a workspace
-    first made during a capture lives in that capture's pool, and the allocator would keep the pool alive for
-    it after its graphs were reset (the `use_count > 0` assert of a later capture into a reused handle)."""
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
-
-
-@contextlib.contextmanager
-def _on_stream(stream) -> Iterator[None]:
-    """`stream` current within the context, the previous stream of its device after it, even on failure."""
-    before = torch.cuda.current_stream(stream.device)
-    torch.cuda.set_stream(stream)
-    try:
-        yield
-    finally:
-        torch.cuda.set_stream(before)
-
-
-def _record(graph, step: Callable[[], None], pool) -> None:
-    """Record `step` into `graph` on the current (capture) stream, allocating in `pool`. The capture is ended
-    even when `step` raises, so the allocator stops routing this stream's allocations into the pool."""
-    graph.capture_begin(pool=pool, capture_error_mode="thread_local")  # other host threads may use CUDA meanwhile
-    try:
-        step()
-    except BaseException:
-        try:
-            graph.capture_end()
-        except Exception:  # the capture was already invalid: the step's error is the one to report
-            log.debug("capture_end after a failed capture", exc_info=True)
-        raise
-    graph.capture_end()
-
-
-def reserved_bytes(device: torch.device) -> int:
-    return int(torch.cuda.memory_reserved(_device_index(device)))
-
-
-def return_memory(devices: Iterable[torch.device]) -> None:
-    """Give the memory of released graphs and buffers back to the device (and so to ComfyUI, which reads the
-    device's free memory): synchronize, then free the allocator's cached blocks, which erases the pools whose
-    graphs were all reset."""
-    try:
-        for index in sorted({_device_index(d) for d in devices if d is not None}):
-            with torch.cuda.device(index):
-                torch.cuda.synchronize(index)
-                torch.cuda.empty_cache()
-    except Exception:  # giving memory back must never fail a run (a device that never captured: nothing to give)
-        log.debug("could not return memory to %s", list(devices), exc_info=True)
-
-
-def capture(step: Callable[[], None], device: torch.device, pool=None,
-            prepare: Callable[[], None] = lambda: None) -> "torch.cuda.CUDAGraph":
-    """Warm `step` up and record it on `device`'s capture stream, with `device` current (the model's device,
-    which need not be the current one on a machine with several GPUs), into `pool` (None: a pool of its own).
-    Warm-up runs real steps, each after `prepare()` (which puts the buffers in a valid state, outside the
-    recording); the caller resets the buffers afterwards. cuBLAS workspaces are cleared before and after the
-    recording. Raises what capture raises, with the caller's stream and the allocator restored."""
-    stream = capture_stream(device)
-    with torch.cuda.device(device):
-        caller = torch.cuda.current_stream(device)
-        stream.wait_stream(caller)
-        with _on_stream(stream):
-            for _ in range(WARMUP_STEPS):
-                prepare()
-                step()
-            prepare()
-            graph = torch.cuda.CUDAGraph()
-            clear_workspaces()
-            try:
-                _record(graph, step, pool)
-            except BaseException:
-                _reset_graphs([graph])
-                raise
-            finally:
-                clear_workspaces()
-        caller.wait_stream(stream)
-        torch.cuda.synchronize(device)
-    return graph
 
 
 def capture_variants(runner: StepRunner, variants: Iterable[Hashable], reset: Callable[[Hashable | None], None],

@@ -11,6 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lantern_core.decoding import step_graphs
+from lantern_core.decoding.capture import graph_capture
 from lantern_core.decoding.batching import DoneReader
 
 
@@ -77,7 +78,7 @@ def test_a_capture_records_on_the_models_device_not_the_current_one(monkeypatch)
     stream (the stand-in refuses work on another stream than the capturing one), then hands device 0 back."""
     from cuda_stand_in import CudaStandIn
 
-    monkeypatch.setattr(step_graphs, "_STREAMS", {})
+    monkeypatch.setattr(graph_capture, "_STREAMS", {})
     with CudaStandIn(monkeypatch, devices=2, tensor_device=1) as cuda:
         weight, seen = torch.randn(4, 4), []
 
@@ -87,7 +88,7 @@ def test_a_capture_records_on_the_models_device_not_the_current_one(monkeypatch)
             weight @ weight
 
         graph = step_graphs.capture(step, torch.device("cuda:1"))
-        (stream,) = step_graphs._STREAMS.values()
+        (stream,) = graph_capture._STREAMS.values()
         assert stream.device == torch.device("cuda:1") and not stream.default
         assert seen == [(1, stream)] * (step_graphs.WARMUP_STEPS + 1)  # warm-up and recording on it
         assert cuda.current == 0 and cuda.current_stream(1).default  # the caller's device and stream back

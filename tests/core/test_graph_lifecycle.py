@@ -18,6 +18,7 @@ from cuda_stand_in import CudaStandIn, USE_COUNT_ASSERT
 from lantern_core.conditioning import Condition
 from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.decoding import step_graphs
+from lantern_core.decoding.capture import graph_capture
 from lantern_core.decoding.generate import generate
 from lantern_core.decoding.jacobi.config import JacobiConfig
 from lantern_core.decoding.jacobi.driver import jacobi_generate
@@ -48,7 +49,7 @@ class Session:
             monkeypatch.setattr(step_graphs, "uses_inductor", lambda choice, device: False)
             self.static = step_graphs.static_only()  # CPU tensors: no early-exit host reads, as on a GPU
             self.static.__enter__()
-        monkeypatch.setattr(step_graphs, "_STREAMS", {}, raising=False)
+        monkeypatch.setattr(graph_capture, "_STREAMS", {})
         self.device = "cpu" if kind == "stand_in" else "cuda"
         caplog.set_level(logging.INFO, logger="lantern_core.step_graphs")
 

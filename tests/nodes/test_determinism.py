@@ -9,7 +9,11 @@ weights' fingerprint and batch size, so a reloaded model keeps them.
 A batch runs its forwards over more rows and over the key window of its furthest image, so on the embedded
 model (CPU, fp32) a row's logits may differ from its single run in the last bit. Uncoupled SJD draws every
 refill by inverse CDF from those probabilities, so one draw can land on the other side of a boundary (seed 71
-diverges from token 58 on); the batched logic itself is tested exact on tiny models in every mode
+diverges from token 58 on). Relaxed 2-D Jacobi's lower rows commit on a test with near ties too: with
+`sample_left` drafts, seed 71 in a batch of 2 leaves its single run at token 174 on some machines' float32
+matmuls (not others'), and agrees to the last token in float64
+(tests/core/test_batched_decoding.py::test_relaxed_2d_batch_image_is_its_single_run_in_float64, on the
+embedded model). The batched logic itself is tested exact on tiny models in every mode
 (tests/core/test_batched_decoding.py).
 
 The mode grids hold one case per distinct decoding path through the nodes (see MODES and LOSSLESS); a mode
@@ -70,7 +74,7 @@ def test_batch_positions_and_reloads_keep_images(pack, node, mm, monkeypatch, mo
         fixed.update(jacobi_rows=6, jacobi_row_window=4)
     in_batch = tokens(node, model, drafter, mode, seed=70, batch_size=2, **fixed)
     single = tokens(node, model, drafter, mode, seed=71, **fixed)
-    if mode == "sjd":  # uncoupled SJD: the images agree until a rare rounding flip (see the module docstring)
+    if mode in ("sjd", "sjd_2d_relaxed"):  # the images agree until a rare rounding flip (see the module docstring)
         assert torch.equal(in_batch[1][:32], single[0][:32]), mode
     else:
         assert torch.equal(in_batch[1], single[0]), mode  # image 1 of the batch is the single run with seed + 1
