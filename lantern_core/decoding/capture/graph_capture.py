@@ -6,6 +6,7 @@ docs/gpu_and_capture.md)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from typing import Any, Callable, Iterable, Iterator
 
@@ -70,17 +71,25 @@ def _on_stream(stream) -> Iterator[None]:
 
 def _record(graph, step: Callable[[], None], pool) -> None:
     """Record `step` into `graph` on the current (capture) stream, allocating in `pool`. The capture is ended
-    even when `step` raises, so the allocator stops routing this stream's allocations into the pool."""
-    graph.capture_begin(pool=pool, capture_error_mode="thread_local")  # other host threads may use CUDA meanwhile
+    even when `step` raises, so the allocator stops routing this stream's allocations into the pool. The garbage
+    collector waits meanwhile: runners live in a cycle with their model (`step_graphs.py`), so a collection could
+    otherwise reset a freed model's graphs in the middle of this recording."""
+    collecting = gc.isenabled()
+    gc.disable()  # a cycle collected mid-recording could destroy another model's graphs inside this capture
     try:
-        step()
-    except BaseException:
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")  # other host threads may use CUDA
         try:
-            graph.capture_end()
-        except Exception:  # the capture was already invalid: the step's error is the one to report
-            log.debug("capture_end after a failed capture", exc_info=True)
-        raise
-    graph.capture_end()
+            step()
+        except BaseException:
+            try:
+                graph.capture_end()
+            except Exception:  # the capture was already invalid: the step's error is the one to report
+                log.debug("capture_end after a failed capture", exc_info=True)
+            raise
+        graph.capture_end()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def reserved_bytes(device: torch.device) -> int:
