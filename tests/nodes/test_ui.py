@@ -146,7 +146,7 @@ def test_stats_panel_and_heat_map_render_after_run(browser, frontend_server, fro
     assert info["saved"]["type"] == "output" and info["saved"]["filename"].endswith(".png")
     assert info["cells"] == 256, info
     assert "tok/s" in info["text"] and "256 forward passes" in info["text"] and "for: cat" in info["text"]
-    assert "plain AR" in info["text"]
+    assert "plain AR" in info["text"] and "fell back" not in info["text"]  # eager by choice on a CPU: no fallback
     assert "lantern_stats" in info["widgets"] and not info["html"]
     sampler = next(n for n in info["workflow"]["nodes"] if n["type"] == "LanternSampler")
     assert len(sampler["widgets_values"]) == 7  # the stats widget is never saved into the workflow
@@ -184,7 +184,9 @@ def test_stats_panel_renders_hostile_strings_as_text_not_html(browser, frontend_
                    "mean_accepted_length", "tree", "drafter", "mean_tvd_spent", "max_tvd_spent"]
     stats = {name: f"{name}={hostile}" for name in text_fields}
     stats.update(speculative=True, relaxed_tokens="3", acceptance_by_depth=[hostile, 0.5],
-                 conditions=[f"condition={hostile}", *HOSTILE], heatmap=[[1, 2], [3, hostile]])
+                 conditions=[f"condition={hostile}", *HOSTILE], heatmap=[[1, 2], [3, hostile]],
+                 steps={"fell_back": True, "graphs": "partial", "eager": f"eager={hostile}", "replayed": 2,
+                        "compile": "failed", "capture_error": f"capture_error={hostile}"})
     server = frontend_server
     server.post("/api/settings/Comfy.VueNodes.Enabled", False)
     errors = []
@@ -214,4 +216,6 @@ def test_stats_panel_renders_hostile_strings_as_text_not_html(browser, frontend_
         assert f"{name}={hostile}" in info["text"], (name, info["text"])
     assert f"for: condition={hostile}, {', '.join(HOSTILE)}" in info["text"], info["text"]
     assert "lantern-stats-relaxed" in info["lines"] and "lantern-heatmap" in info["lines"], info["lines"]
+    assert "lantern-stats-fallback" in info["lines"], info["lines"]  # a fallback is never hidden
+    assert f"fell back to eager for eager={hostile}" in info["text"] and f"capture_error={hostile}" in info["text"]
     assert not errors, errors

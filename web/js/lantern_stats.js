@@ -27,6 +27,16 @@ export function renderStats(root, stats) {
                    `${stats.batch}×${stats.image_tokens} tokens in ${fmt(stats.wall_time_s, 2)} s`, "lantern-stats-speed"));
   root.append(line(`mean accepted length ${fmt(stats.mean_accepted_length, 2)}` +
                    (stats.speculative ? "" : " (plain AR: one token per forward)"), "lantern-stats-accept"));
+  const steps = stats.steps && typeof stats.steps === "object" ? stats.steps : null;
+  if (steps && steps.fell_back === true) { // a requested CUDA graph or compile did not run: never hidden
+    const eager = Number(steps.eager) || 0;
+    const total = eager + (Number(steps.replayed) || 0);
+    let text = steps.graphs === "off" ? "fell back to uncompiled steps"
+      : `fell back to eager for ${String(steps.eager)} of ${total} steps (not replayed from a CUDA graph)`;
+    if (steps.compile === "failed") text += " · the Inductor compile failed";
+    if (steps.capture_error) text += ` · capture failed: ${String(steps.capture_error)}`;
+    root.append(line(text + " · same tokens, slower", "lantern-stats-fallback"));
+  }
   if (stats.speculative) {
     const jacobi = String(stats.mode).startsWith("sjd");  // training-free: a draft window, no drafter
     root.append(line(`${jacobi ? "window" : "tree"}: ${stats.tree} · drafter: ${stats.drafter}`, "lantern-stats-tree"));
