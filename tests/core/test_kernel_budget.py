@@ -33,13 +33,13 @@ OUTSIDE_LAYERS_BUDGET = 32  # embedding, mask, head, CFG, filters, the draw and 
 # Kernels of one iteration beyond the verification forward (embedded model, batch 1, cfg 4), measured when the
 # budget was set; before the step was fused: 1,401 (sampled static tree), 511 (greedy), 2,665 (LANTERN on EAGLE-2).
 MODE_BUDGETS = {
-    "static_tree naive_extend_57": 880,
-    "lantern_pp lambda 5 (naive_extend_57)": 1205,
-    "eagle2 d5 k10 n58": 1235,
-    "lantern delta 0.1 (eagle2 d5 k10 n58)": 2040,
-    "static_tree naive_extend_57 greedy": 520,
+    "static_tree naive_extend_57": 775,  # 767 when set; 872 before the lean exact sibling loop
+    "lantern_pp lambda 5 (naive_extend_57)": 1190,
+    "eagle2 d5 k10 n58": 675,  # 667 when set; 1227 before top-k siblings were tested in closed form
+    "lantern delta 0.1 (eagle2 d5 k10 n58)": 2025,
+    "static_tree naive_extend_57 greedy": 510,
     "lantern_pp lambda 5 (naive_extend_57) greedy": 615,
-    "eagle2 d5 k10 n58 greedy": 600,
+    "eagle2 d5 k10 n58 greedy": 590,
     "lantern delta 0.1 (eagle2 d5 k10 n58) greedy": 495,
     "sjd w16": 110,
     "sjd_coupled w16": 110,
@@ -182,8 +182,9 @@ def test_parts_go_to_the_outermost_tagged_region():
 
 
 def test_the_fused_sibling_walk_decides_what_the_per_sibling_rule_decides():
-    """All siblings' drafter conditionals at once (one logsumexp over (B, m, V)) and a few kernels per sibling:
-    the same accepted sibling, residual and absorbed mass as the rule one sibling at a time, for exact,
+    """All siblings' drafter conditionals at once (one logsumexp over (B, m, V)) and a few kernels per sibling
+    (top-k siblings of the exact rule in closed form): the same accepted sibling, absorbed mass and, where every
+    sibling was rejected, residual as the rule one sibling at a time, for exact,
     LANTERN++ and LANTERN rules, sampled and top-k siblings, padded rows and drafters with zero-mass tokens."""
     g = torch.Generator().manual_seed(0)
     B, V, m = 64, 40, 5
@@ -205,7 +206,9 @@ def test_the_fused_sibling_walk_decides_what_the_per_sibling_rule_decides():
                 reference = reference_accept_siblings(p, q, children, uniforms, valid, rule, neighbors)
                 assert torch.equal(fused.accepted, reference.accepted)
                 tolerance = 64 * torch.finfo(p.dtype).eps
-                torch.testing.assert_close(fused.residual, reference.residual, rtol=tolerance, atol=tolerance)
+                rejected = reference.accepted < 0  # the residual is what a row that rejected every sibling samples
+                torch.testing.assert_close(fused.residual[rejected], reference.residual[rejected], rtol=tolerance,
+                                           atol=tolerance)
                 torch.testing.assert_close(fused.absorbed, reference.absorbed, rtol=tolerance, atol=tolerance)
                 checked += int((fused.accepted >= 0).sum()) + int((fused.accepted < 0).sum())
     assert checked == 40 * 6 * B

@@ -36,7 +36,8 @@ from .relaxation import Relaxation, relax
 @dataclass
 class SiblingVerdict:
     accepted: torch.Tensor  # (B,) index j of the accepted sibling, -1 when all were rejected
-    residual: torch.Tensor  # (B, V) the target residual after the rejections (what to sample on -1)
+    residual: torch.Tensor  # (B, V) the target residual after rejecting every valid sibling: what to sample on -1
+    # (rows that accepted one may hold anything: nobody samples from theirs)
     absorbed: torch.Tensor | None = None  # (B,) relaxed mass moved onto the accepted token (0 if exact)
 
 
@@ -82,17 +83,13 @@ def accept_siblings(p: torch.Tensor, log_q: torch.Tensor | None, children: torch
     siblings were drawn from without replacement, or None for deterministic (top-k) siblings; children
     (B, m) in rank order; uniforms (B, m) in [0, 1); valid (B, m) marks real siblings (padding and
     q(x) = 0 are skipped). The drafter's conditionals of every sibling come first, in one batch
-    (`drafter_conditionals`); then a fixed m-step loop carries the target residual, a few kernels per sibling
-    (three over the vocabulary), with no host syncs on accelerators; on the CPU it stops early."""
+    (`drafter_conditionals`). The exact rule then tests top-k siblings in closed form (`_exact_top_k`, all at
+    once) and sampled ones in a lean fixed m-step loop (`_exact_sampled`, 9 kernels a sibling, three over the
+    vocabulary); relaxed rules carry their per-row bookkeeping through the same kind of loop. No host syncs on
+    accelerators; on the CPU the loops stop early."""
     B, m = children.shape
-    V = p.shape[-1]
     device = p.device
-    residual = p
-    accepted = torch.full((B,), -1, dtype=torch.long, device=device)
-    absorbed_out = torch.zeros(B, dtype=p.dtype, device=device)
-    ranks = torch.arange(m, device=device)
     relaxed = rule is not None and rule.k > 0
-    ranks_k = torch.arange(rule.k, device=device) if relaxed else None
     x_all = children.clamp(min=0)
     if valid is None:
         valid = torch.ones_like(children, dtype=torch.bool)
@@ -105,6 +102,15 @@ def accept_siblings(p: torch.Tensor, log_q: torch.Tensor | None, children: torch
     cpu = may_read_host(p.device)
     # u * q_j(x_j) for every sibling at once: accept iff u < p_x / q_j(x), as a product (q_j(x) > 0 when valid)
     bars = uniforms[:, :m] if q_at is None else uniforms[:, :m] * q_at  # (B, m)
+    if not relaxed:
+        if q_all is None:
+            return _exact_top_k(p, x_all, bars, valid)
+        return _exact_sampled(p, q_all, x_all, bars, valid, cpu)
+    residual = p
+    accepted = torch.full((B,), -1, dtype=torch.long, device=device)
+    absorbed_out = torch.zeros(B, dtype=p.dtype, device=device)
+    ranks = torch.arange(m, device=device)
+    ranks_k = torch.arange(rule.k, device=device)
     pending = torch.ones(B, dtype=torch.bool, device=device)  # no sibling accepted yet
     for j in range(m):
         if cpu and not bool((pending & valid[:, j]).any()):
@@ -137,3 +143,43 @@ def accept_siblings(p: torch.Tensor, log_q: torch.Tensor | None, children: torch
         total = left.sum(-1, keepdim=True)
         residual = torch.where(rejected[:, None] & (total > 0), left / total, residual)
     return SiblingVerdict(accepted, residual, absorbed_out)
+
+
+def _first_taken(take: torch.Tensor) -> torch.Tensor:
+    """(B, m) bool -> (B,) the first True's index, -1 where none."""
+    return torch.where(take.any(-1), take.float().argmax(-1), -1)
+
+
+def _exact_sampled(p: torch.Tensor, q_all: torch.Tensor, x: torch.Tensor, bars: torch.Tensor, valid: torch.Tensor,
+                   cpu: bool) -> SiblingVerdict:
+    """The exact rule for siblings drawn without replacement, lean: each sibling's test and the residual update
+    run for every row (9 kernels a sibling, 3 of them over the vocabulary); which sibling a row accepted is read
+    once at the end (its first passing test), and a row's residual only moves on its valid siblings. Rows that
+    accepted keep updating a residual nobody reads (the walk samples the bonus from it only where all were
+    rejected). The same decisions as the per-sibling bookkeeping of the relaxed loop."""
+    B, m = x.shape
+    residual = p
+    passed = []
+    for j in range(m):
+        if cpu and not bool(valid[:, j].any()):
+            break  # valid is a prefix of the ranks: nothing left to test
+        passed.append(bars[:, j:j + 1] < residual.gather(1, x[:, j:j + 1]))
+        left = (residual - q_all[:, j]).clamp_(min=0.0)  # normalise(max(0, p_j - q_j)) on rejection
+        total = left.sum(-1, keepdim=True)
+        residual = torch.where(valid[:, j:j + 1] & (total > 0), left / total, residual)  # rounding may empty it
+    accepted = _first_taken(torch.cat(passed, 1) & valid[:, :len(passed)]) if passed else torch.full_like(x[:, 0], -1)
+    return SiblingVerdict(accepted, residual, torch.zeros(B, dtype=p.dtype, device=p.device))
+
+
+def _exact_top_k(p: torch.Tensor, x: torch.Tensor, u: torch.Tensor, valid: torch.Tensor) -> SiblingVerdict:
+    """The exact rule for deterministic (top-k) siblings in closed form, every sibling at once: x_j is tested
+    against p with the earlier siblings removed, p(x_j) / (total - mass of x_1..x_{j-1}), and on rejecting them
+    all the residual is p without them, renormalised. About 15 kernels however many siblings."""
+    p_x = p.gather(1, x)  # (B, m)
+    mass = torch.where(valid, p_x, 0.0)
+    left = p.sum(-1, keepdim=True) - (mass.cumsum(-1) - mass)  # (B, m) mass still in the residual at x_j's test
+    accepted = _first_taken(valid & (u * left < p_x))
+    carved = p.scatter_reduce(1, x, torch.where(valid, 0.0, float("inf")).to(p.dtype), "amin")  # valid x_j -> 0
+    total = carved.sum(-1, keepdim=True)
+    residual = torch.where(total > 0, carved / torch.where(total > 0, total, 1.0), p)
+    return SiblingVerdict(accepted, residual, torch.zeros(x.shape[0], dtype=p.dtype, device=p.device))

@@ -55,16 +55,17 @@ def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.T
     rows = torch.arange(B, device=device)
     cur = torch.zeros(B, dtype=torch.long, device=device)
     alive = torch.ones(B, dtype=torch.bool, device=device)
-    path = torch.full((B, depth + 1), -1, dtype=torch.long, device=device)
-    path[:, 0] = 0
-    absorbed = torch.zeros(B, depth, device=device)
-    residual = target[:, 0].clone()
+    steps = [cur]  # the path's node at each depth, -1 once a row stopped (root first)
+    masses = []  # the relaxed mass each depth's accepted token absorbed (relaxed rules only)
+    residual = None if greedy else target[:, 0]  # where a stopped row samples its bonus token
     C = children.shape[-1]
     # host reads are free on the CPU: stop at the first depth where every row has stopped (the extra
     # depths change nothing; never in a captured or compiled step)
     cpu = may_read_host(device)
     for d in range(depth):
         if cpu and d > 0 and not bool(alive.any()):
+            steps.extend([torch.full_like(cur, -1)] * (depth - d))
+            masses.extend([torch.zeros(B, device=device)] * (depth - d) if rule is not None else [])
             break
         width = C if widths is None else max(min(widths[d], C), 1)
         kids = (children[cur] if children.dim() == 2 else children[rows, cur])[:, :width]  # (B, width)
@@ -77,20 +78,22 @@ def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.T
             log_q = None if drafter_log_q is None else drafter_log_q[rows, cur]
             verdict = accept_siblings(here, log_q, tokens, uniforms[:, d, :width], valid, rule, neighbors)
             choice, mass = verdict.accepted, verdict.absorbed
-            # a row that rejected every real child keeps its residual for the bonus draw
-            stop = alive & valid.any(-1) & (choice < 0)
-            residual = torch.where(stop[:, None], verdict.residual, residual)
         took = alive & (choice >= 0)
-        nxt = kids.gather(1, choice.clamp(min=0)[:, None])[:, 0]
-        cur = torch.where(took, nxt, cur)
-        path[:, d + 1] = torch.where(took, cur, path[:, d + 1])
-        absorbed[:, d] = torch.where(took, mass.float(), absorbed[:, d])
-        if not greedy:
-            residual = torch.where(took[:, None], target[rows, cur], residual)
+        if not greedy:  # a row ending here samples from what its rejections left, or from here at a leaf
+            ended = alive ^ took
+            residual = torch.where(ended[:, None], torch.where(valid.any(-1, keepdim=True), verdict.residual, here),
+                                   residual)
+        cur = torch.where(took, kids.gather(1, choice.clamp(min=0)[:, None])[:, 0], cur)
+        steps.append(torch.where(took, cur, -1))
+        if rule is not None:
+            masses.append(torch.where(took, mass.float(), 0.0))
         alive = took
+    path = torch.stack(steps, 1)  # (B, depth+1)
+    absorbed = torch.stack(masses, 1) if masses else torch.zeros(B, depth, device=device)
     if greedy:
         bonus = target[rows, cur].argmax(-1)
-    else:
+    else:  # rows that accepted at every depth sample from their last node
+        residual = torch.where(alive[:, None], target[rows, cur], residual)
         bonus = sample_from_probs(residual, uniforms[:, -1, -1])
     accepted = (path >= 0).sum(-1) - 1
     return WalkResult(path, accepted, bonus, absorbed)
