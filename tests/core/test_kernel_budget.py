@@ -33,12 +33,12 @@ OUTSIDE_LAYERS_BUDGET = 32  # embedding, mask, head, CFG, filters, the draw and 
 # Kernels of one iteration beyond the verification forward (embedded model, batch 1, cfg 4), measured when the
 # budget was set; before the step was fused: 1,401 (sampled static tree), 511 (greedy), 2,665 (LANTERN on EAGLE-2).
 MODE_BUDGETS = {
-    "static_tree naive_extend_57": 775,  # 767 when set; 872 before the lean exact sibling loop
-    "lantern_pp lambda 5 (naive_extend_57)": 1190,
+    "static_tree naive_extend_57": 730,  # 722 when set; 872 before the lean exact sibling loop and mask
+    "lantern_pp lambda 5 (naive_extend_57)": 1145,
     "eagle2 d5 k10 n58": 675,  # 667 when set; 1227 before top-k siblings were tested in closed form
     "lantern delta 0.1 (eagle2 d5 k10 n58)": 2025,
-    "static_tree naive_extend_57 greedy": 510,
-    "lantern_pp lambda 5 (naive_extend_57) greedy": 615,
+    "static_tree naive_extend_57 greedy": 465,
+    "lantern_pp lambda 5 (naive_extend_57) greedy": 570,
     "eagle2 d5 k10 n58 greedy": 590,
     "lantern delta 0.1 (eagle2 d5 k10 n58) greedy": 495,
     "sjd w16": 110,

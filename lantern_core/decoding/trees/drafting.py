@@ -121,15 +121,23 @@ class DrafterSession:
             self.length.add_(count.view(-1) if advance is None else advance)
             self.known = None
 
+    def tree_mask(self, ancestry: torch.Tensor, window: int | None = None) -> torch.Tensor:
+        """(rows, 1, T, window) attention mask of T tree queries with ancestry (T, n) or (G, T, n) over nodes
+        1..n: `expand` takes rows of it (a static tree builds it once per iteration for all its nodes)."""
+        return window_mask(self.key_valid, self.length, ancestry, self._window(ancestry.shape[-1], window))
+
     def expand(self, features: torch.Tensor, tokens: torch.Tensor, depth: int, node_ids: torch.Tensor,
-               ancestry: torch.Tensor, window: int | None = None) -> torch.Tensor:
+               ancestry: torch.Tensor, window: int | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run tree nodes: features/tokens (rows, T, ...), all at tree `depth`; node ids (T,) >= 1 pick the
         slots length + id - 1; ancestry (T, n) or per tree (G, T, n) bool over nodes 1..n; `window`
-        (>= length + n) the keys attended over. Returns predicted features (rows, T, dim)."""
+        (>= length + n) the keys attended over; `mask` these queries' rows of `tree_mask` when already built
+        (then only the width n of `ancestry` is read).
+        Returns predicted features (rows, T, dim)."""
         rows, T = tokens.shape
         n = ancestry.shape[-1]
         kv_len = self._window(n, window)
-        mask = window_mask(self.key_valid, self.length, ancestry, kv_len)  # (rows, 1, T, kv_len)
+        if mask is None:
+            mask = window_mask(self.key_valid, self.length, ancestry, kv_len)  # (rows, 1, T, kv_len)
         positions = (self.length + (depth - 1)).clamp(max=self._last_row)[:, None].expand(rows, T)
         step = ForwardStep(positions, self.cache, kv_len=kv_len, mask=mask, slots=self.length[:, None] + node_ids - 1)
         return self.drafter(features, tokens, step)
@@ -175,6 +183,16 @@ class StaticPlan:
     rank_of: list[torch.Tensor]  # depth d: child rank of each node
     expand_at: list[torch.Tensor]  # depth d: node ids at depth d that have children
     width_at: list[int]  # depth d: most children any depth d-1 node has
+    levels: list["ExpandLevel"]  # depth d: the constant indices of expanding expand_at[d]
+
+
+@dataclass(frozen=True)
+class ExpandLevel:
+    """What a static tree's drafter level indexes with, made once per plan rather than every iteration."""
+
+    parents: torch.Tensor  # (T,) the parent node of each expanded node
+    rows: torch.Tensor  # (T,) each expanded node's row in the ancestry over nodes 1..n (node id - 1)
+    positions: torch.Tensor  # (T,) its offset from the root's image-token index (1 + depth)
 
 
 def plan_static_tree(spec: TreeSpec, device: torch.device) -> StaticPlan:
@@ -199,9 +217,10 @@ def plan_static_tree(spec: TreeSpec, device: torch.device) -> StaticPlan:
         expand_at.append(nodes[widths[nodes] > 0])
     width_at = [0] + [int(r.max()) + 1 for r in rank_of[1:]]
     move = lambda xs: [x.to(device) for x in xs]  # noqa: E731
+    levels = [ExpandLevel(*move([b.parents[grow], (grow - 1).clamp(min=0), 1 + b.depths[grow]])) for grow in expand_at]
     buffers = TreeBuffers(*(t.to(device) for t in (b.parents, b.depths, b.ranks, b.mask, b.retrieve)))
     return StaticPlan(spec, buffers, children.to(device), move(parents_at), move(nodes_at), move(row_of),
-                      move(rank_of), move(expand_at), width_at)
+                      move(rank_of), move(expand_at), width_at, levels)
 
 
 def index_tensor(index: int | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -237,6 +256,8 @@ def draft_static(session: DrafterSession, target: ImageTransformer, plan: Static
     root_q = distribution.log_probs(target.logits(session.root_feature[:, None]), root_index + 1)
     log_q = root_q.new_full((G, n1, root_q.shape[-1]), float("-inf"))
     log_q[:, 0] = root_q[:, 0]
+    ancestry = b.mask[1:, 1:]  # (n, n) over nodes 1..n
+    masks = session.tree_mask(ancestry, window)  # (rows, 1, n, keys): built once, each level takes its rows
     for d in range(1, plan.spec.depth + 1):
         parents, nodes, width = plan.parents_at[d], plan.nodes_at[d], plan.width_at[d]
         qp = log_q[:, parents].reshape(G * parents.numel(), -1)  # (G*P, V)
@@ -246,10 +267,11 @@ def draft_static(session: DrafterSession, target: ImageTransformer, plan: Static
         tokens[:, nodes] = drawn[:, plan.row_of[d], plan.rank_of[d]]
         grow = plan.expand_at[d]
         if grow.numel():
-            out = session.expand(feats[:, b.parents[grow]], per_row(tokens[:, grow], rows), d, grow,
-                                 b.mask[grow][:, 1:], window)
+            level = plan.levels[d]
+            out = session.expand(feats[:, level.parents], per_row(tokens[:, grow], rows), d, grow,
+                                 ancestry, window, masks[:, :, level.rows])  # the mask rows carry the ancestry
             feats[:, grow] = out
-            log_q[:, grow] = distribution.log_probs(target.logits(out), root_index + 1 + b.depths[grow])
+            log_q[:, grow] = distribution.log_probs(target.logits(out), root_index + level.positions)
     return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, None if greedy else log_q,
                      tuple(plan.width_at[1:]))
 
