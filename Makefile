@@ -115,10 +115,10 @@ bench: $(STAMP)
 ## fails; the target fails if any did. GPU machines may bring their own PyTorch: `make bench-cuda PY=python3` skips
 ## the venv. On a device lent in windows of 15 minutes (at most 10 a command), run bench/gpu_check.sh instead, each
 ## step under its own timeout, packed into one archive per part, a step failing on any capture or compile fallback
-## in its log: `OUT=$OUT PART=1 bash bench/gpu_check.sh` first (at most 7 minutes: environment, test-cuda,
-## iteration_cost on GPT-XL with graphs and auto, ar on GPT-XL at batch 1, speculative on 4 images, quantization at
-## batch 1 fused), then, optionally in a later window, PART=2 (decode_counts, the rest of ar, batched, families,
-## prefix_states, decode, the whole quantization table).
+## in its log: `OUT=$OUT PART=1 bash bench/gpu_check.sh` first (at most 7 minutes: environment, the graph-lifecycle
+## CUDA tests, iteration_cost on GPT-XL with graphs and auto, ar on GPT-XL at batch 1, speculative on 4 images,
+## quantization at batch 1 fused), then, optionally in later calls, PART=2 (decode_counts, the rest of ar, batched,
+## families, prefix_states, decode, the whole quantization table) and PART=3 (the other CUDA tests).
 bench-cuda: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 	@status=0; \
 	$(PY) -m lantern_core.benchmarks.decode_counts --device cuda --dtype bfloat16 --out bench/results || status=1; \

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check (one H200). GPU time comes in windows of 15 minutes, start-up included, at most 10 minutes a
-# command; the check is two device calls:
-#   OUT=$OUT PART=1 bash bench/gpu_check.sh   # at most 7 minutes (420 s): environment, test-cuda (`pytest -m cuda`
-#       over the tests/core files marked cuda: capture and graph-lifecycle sequences, captured tokens = eager),
-#       iteration_cost on GPT-XL (every mode, compile graphs and auto), ar on GPT-XL at batch 1, speculative on
-#       the embedded model (4 images), quantization of the 7B shape at batch 1 (fused matmul)
-#   OUT=$OUT PART=2 bash bench/gpu_check.sh   # optional, a later window (at most 9 minutes): decode_counts, the rest
-#       of ar (ar_rest_*), batched, families, prefix_states, decode, the whole quantization table (quantization_rest_*)
-# PART=all (the default) runs both, for local use. Every step runs under `timeout` with a budget its arguments can
+# command; the first device call is part 1, the others are optional, each in a later call or window:
+#   OUT=$OUT PART=1 bash bench/gpu_check.sh   # at most 7 minutes (420 s): environment, test-cuda (the CUDA half of
+#       tests/core/test_graph_lifecycle.py: a session's capture sequences, each comparing captured tokens with eager
+#       ones; no Inductor), iteration_cost on GPT-XL (every mode, compile graphs and auto), ar on GPT-XL at batch 1,
+#       speculative on the embedded model (4 images), quantization of the 7B shape at batch 1 (fused matmul)
+#   OUT=$OUT PART=2 bash bench/gpu_check.sh   # optional (at most 9 minutes): decode_counts, the rest of ar
+#       (ar_rest_*), batched, families, prefix_states, decode, the whole quantization table (quantization_rest_*)
+#   OUT=$OUT PART=3 bash bench/gpu_check.sh   # optional (at most 9 minutes): test-cuda-rest, every other CUDA test
+#       (Inductor-compiled steps, sync checks, reservations: the first GPU run got through 3 of them in 90 s)
+# PART=all (the default) runs all three, for local use. Every step runs under `timeout` with a budget its arguments can
 # meet (Python start-up and compiles included; part 1's budgets plus KILL_AFTER per step sum to at most 420 s) and
 # logs to its own file; every benchmark rewrites its report after each row, so a step that runs out of time keeps
 # what it measured. A step FAILS when its log shows a capture or compile fallback (a line with CAPTURE FALLBACK or
@@ -36,7 +38,7 @@ KILL_AFTER=5  # seconds a step gets after its budget's SIGTERM before SIGKILL
 FALLBACKS='CAPTURE FALLBACK|COMPILE FALLBACK|CUDA graph capture failed|Inductor could not compile|no captured CUDA graph'
 
 # part, step, budget in seconds (on the GPU). Part 1's budgets plus KILL_AFTER per step stay within 420 s (7
-# minutes), part 2's within 540 s; tests/core/test_gpu_check_dry.py checks both.
+# minutes), part 2's and part 3's within 540 s; tests/core/test_gpu_check_dry.py checks them.
 STEPS="
 1 environment        10
 1 test-cuda          85
@@ -51,9 +53,10 @@ STEPS="
 2 prefix_states      30
 2 decode             25
 2 quantization-rest 105
+3 test-cuda-rest    530
 "
 
-case $PART in 1|2|all) ;; *) echo "PART must be 1, 2 or all (got '$PART')" >&2; exit 2 ;; esac
+case $PART in 1|2|3|all) ;; *) echo "PART must be 1, 2, 3 or all (got '$PART')" >&2; exit 2 ;; esac
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 if [ -n "${RESULTS:-}" ]; then mkdir -p "$RESULTS" && RESULTS=$(cd "$RESULTS" && pwd); fi
 cd "$(dirname "$0")/.." || exit 2  # the repository root
@@ -96,14 +99,17 @@ EOF
 }
 export -f report_environment
 
-mapfile -t CUDA_TESTS < <(grep -l 'mark\.cuda' tests/core/test_*.py)  # collecting only these saves start-up
+LIFECYCLE_TESTS=tests/core/test_graph_lifecycle.py  # part 1: capture sequences and captured = eager tokens
+mapfile -t CUDA_TESTS < <(grep -l 'mark\.cuda' tests/core/test_*.py | grep -vxF "$LIFECYCLE_TESTS")  # the rest
 [ ${#CUDA_TESTS[@]} -gt 0 ] || CUDA_TESTS=(tests/core)
 
 step_command() {  # CMD: step $1's command, with the GPU's arguments or (dry) tiny ones on the CPU
   local module=$1 gpu tiny
   case $1 in
     environment) CMD=(bash -c report_environment); return ;;
-    test-cuda) CMD=("$PY" -m pytest -q -m cuda -rs -p no:cacheprovider "${CUDA_TESTS[@]}"); return ;;
+    test-cuda) CMD=("$PY" -m pytest -q -m cuda -rs -p no:cacheprovider "$LIFECYCLE_TESTS"); return ;;
+    test-cuda-rest)  # Inductor compiles of whole steps, sync checks, reservations: minutes, so a call of its own
+      CMD=("$PY" -m pytest -q -m cuda -rs -p no:cacheprovider "${CUDA_TESTS[@]}"); return ;;
     decode_counts)
       gpu=(--dtype bfloat16 --no-inductor)
       tiny=(--dtype bfloat16 --no-inductor --shapes --only "static_tree naive_extend_57" "sjd_coupled 2-D") ;;

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
 PART_1_S = 420  # the first device call: at most 7 minutes, every step's kill margin included
 PART_2_S = 540  # the optional second call: at most 9 minutes (a command may run 10)
+PART_3_S = 540  # the optional third call (the CUDA tests that compile with Inductor): the same
 PART_1_ORDER = ["environment", "test-cuda", "iteration_cost", "ar", "speculative", "quantization"]
 # the report each benchmark step writes, by file stem (the dry run: CPU)
 REPORTS = {"decode_counts": r"decode_counts_cpu_bfloat16", "ar": r"ar_cpu_float32", "ar-rest": r"ar_rest_cpu_float32",
@@ -54,10 +55,10 @@ def run_script(out: Path, env: dict, timeout: int) -> subprocess.CompletedProces
 def test_each_part_fits_its_device_call():
     table = steps()
     grace = int(re.search(r"^KILL_AFTER=(\d+)", SCRIPT.read_text(), re.M).group(1))
-    assert {part for part, _, _ in table} == {"1", "2"} and len({name for _, name, _ in table}) == len(table)
-    assert set(REPORTS) | {"environment", "test-cuda"} == {name for _, name, _ in table}
+    assert {part for part, _, _ in table} == {"1", "2", "3"} and len({name for _, name, _ in table}) == len(table)
+    assert set(REPORTS) | {"environment", "test-cuda", "test-cuda-rest"} == {name for _, name, _ in table}
     assert [name for part, name, _ in table if part == "1"] == PART_1_ORDER  # what the first GPU window runs
-    for part, limit in (("1", PART_1_S), ("2", PART_2_S)):
+    for part, limit in (("1", PART_1_S), ("2", PART_2_S), ("3", PART_3_S)):
         budgets = [budget for p, _, budget in table if p == part]
         assert sum(budgets) + grace * len(budgets) <= limit, (part, sum(budgets))  # every step killed at its limit
 
@@ -114,10 +115,11 @@ def test_dry_run_passes_every_step_and_packs_its_reports(tmp_path):
     result = run_script(out, {"GPU_CHECK_DRY": "1", "PART": "all", "PY": sys.executable}, 3600)  # a hang guard only
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check_part1.tar.gz", "gpu_check_part2.tar.gz",
-                                                      "summary_part1.txt", "summary_part2.txt"]
+                                                      "gpu_check_part3.tar.gz", "summary_part1.txt",
+                                                      "summary_part2.txt", "summary_part3.txt"]
     table = steps()
     assert f"passed {len(table)}, failed 0, timed out 0; 0 capture or compile fallbacks;" in result.stdout
-    for part in ("1", "2"):
+    for part in ("1", "2", "3"):
         names = [name for p, name, _ in table if p == part]
         assert summary(out / f"summary_part{part}.txt") == {name: ("passed", "rc=0") for name in names}
         with tarfile.open(out / f"gpu_check_part{part}.tar.gz") as archive:

@@ -380,3 +380,22 @@ def test_no_garbage_collection_during_a_recording(monkeypatch):
         assert gc.isenabled()
         graph_capture.capture(step, torch.device("cuda:0"))
         assert seen == [True] * step_graphs.WARMUP_STEPS + [False] and gc.isenabled()
+
+
+@pytest.mark.parametrize("mode", ["ar", "static_tree", "sjd"])
+def test_captured_tokens_equal_eager_tokens(session, mode):
+    """The three kinds of captured step (AR, a tree iteration, a Jacobi iteration), two seeds each and AR at
+    batch 2: replayed graphs give eager's tokens, every step replayed (no fallback)."""
+    model = session.model()
+    drafter = session.drafter(model)
+    for seed in (0, 1):
+        if mode == "ar":
+            result = _same_as_eager(session, _ar, model, seed=seed, batch=2)
+        elif mode == "static_tree":
+            result = _same_as_eager(session, _tree, model, drafter, seed=seed)
+        else:
+            result = _same_as_eager(session, _sjd, model, seed=seed)
+        assert result.stats.steps.graphs == "all", result.stats.steps
+    assert _all_captured(model) and step_graphs.cached_runners(model) == 1
+    session.assert_clean()
+    step_graphs.release(model)
