@@ -234,7 +234,7 @@ def neighbor_table(target: CliModel, k: int, device: torch.device) -> torch.Tens
 def run_generate(args: argparse.Namespace) -> dict:
     from .decoding import auto_store
     from .decoding.jacobi.driver import jacobi_generate
-    from .decoding.report import stats_payload
+    from .decoding.report import same_image_as_ar, stats_payload
     from .decoding.trees.driver import speculative_generate
     from .layout import image_codes
 
@@ -267,7 +267,8 @@ def run_generate(args: argparse.Namespace) -> dict:
     paths = [args.out / f"lantern_{args.seed + i:05d}.png" for i in range(target.condition.batch)]
     save_png(images, paths)
     drafter_shown = drafter_name if built.needs_drafter else "none (training-free)"
-    payload = stats_payload(result, args.decoding, built.label, drafter_shown, target.conditions)
+    payload = stats_payload(result, args.decoding, built.label, drafter_shown, target.conditions,
+                            same_image_as_ar(built.spec, sampling))
     return {"images": [str(p) for p in paths], "conditions": target.conditions, "stats": payload,
             "summary": result.stats.summary(), "model": str(args.model or args.gpt), "notes": target.notes}
 

@@ -189,6 +189,8 @@ def tree_modes(k: int) -> list[tuple[str, SpeculativeConfig, bool]]:
                  (f"eagle2 d5 k10 n58{tag}", SpeculativeConfig(**dynamic), greedy),
                  (f"lantern delta 0.1 (eagle2 d5 k10 n58){tag}",
                   SpeculativeConfig(**dynamic, relaxation=Relaxation(k=k, delta=0.1)), greedy)]
+    rows += [("static_tree naive_extend_57 residual rule", SpeculativeConfig(**static, exact_rule="residual"), False),
+             ("eagle2 d5 k10 n58 residual rule", SpeculativeConfig(**dynamic, exact_rule="residual"), False)]
     return rows
 
 
@@ -217,7 +219,8 @@ def count_tree(model, drafter, spec: SpeculativeConfig, sampling: SamplingConfig
     parts = [(tree_step, "draft_static", "drafter levels"), (tree_step, "draft_dynamic", "drafter levels"),
              (DrafterSession, "consume", "drafter consume"), (tree_step, "forward_tree", "verification forward"),
              (NodeDistributions, "__call__", "distributions"), (NodeDistributions, "combine", "distributions"),
-             (tree_step, "walk_tree", "walk"), (tree_step, "walk_longest_path", "walk")]
+             (tree_step, "walk_tree", "walk"), (tree_step, "walk_longest_path", "walk"),
+             (tree_step, "walk_same_as_ar", "walk"), (tree_step, "race", "target draws")]
 
     def run(on_step) -> None:
         speculative_generate(model, drafter, cond, sampling, spec, make_generators(0, 1, device), neighbors, on_step,
@@ -459,12 +462,13 @@ def markdown(report: dict) -> str:
               "step's 'sampling' part is CFG, filters and the draw. 'Host reads / iteration (loop)' counts every "
               "read the decode loop makes per iteration, the decoder's bookkeeping included; reads inside a step must "
               "be 0. 'Generator calls / iteration' counts the random-number kernels the loop launches per iteration "
-              "outside the step: every mode draws its noise once per image up front except sampled static trees, "
-              "whose drafter draws depth x siblings x vocabulary Exp(1) values per iteration (too many to hold for a "
-              "whole image) into one table: one call per iteration and image. Goals: an AR step <= 24 "
-              "kernels per layer eager and <= 12 compiled; a sampled 57-node "
-              "static-tree iteration <= 250 kernels beyond its verification forward, a greedy one <= 120; at most one "
-              "host read per iteration."]
+              "outside the step: AR and the lossless trees hash position noise inside the step (no generator), "
+              "the Jacobi modes and the residual and relaxed tree rules draw their noise once per image up front, "
+              "except sampled static trees under those rules, whose drafter draws depth x siblings x vocabulary "
+              "Exp(1) values per iteration (too many to hold for a whole image) into one table: one call per "
+              "iteration and image. Goals: an AR step <= 24 kernels per layer eager and <= 12 compiled; a sampled "
+              "57-node static-tree or EAGLE-2 iteration <= 300 kernels beyond its verification forward eagerly, "
+              "<= 250 compiled; at most one host read per iteration."]
     if report.get("layouts"):
         lines += ["", "## Prompted layouts with forced end-of-row tokens (random narrow models, published depths)", "",
                   "| layout and mode | kernels / step or iteration | split | host reads inside | "

@@ -79,7 +79,11 @@ def methods(lantern_k: int = 1000, pp_k: int = 10) -> list[Method]:
     dyn = dict(tree="dynamic", dynamic=CPU_DYNAMIC)
     rows = [Method("ar", None), Method("ar (other seeds)", None, seed_offset=100_000),
             Method("eagle2", SpeculativeConfig(**dyn)),
-            Method("static_tree (auto)", SpeculativeConfig(tree="auto", static_tree=NAIVE_EXTEND_57))]
+            Method("eagle2 (residual rule)", SpeculativeConfig(**dyn, exact_rule="residual")),
+            Method("static_tree (auto)", SpeculativeConfig(tree="auto", static_tree=NAIVE_EXTEND_57)),
+            Method("static_tree naive_extend_57", SpeculativeConfig(static_tree=NAIVE_EXTEND_57)),
+            Method("static_tree naive_extend_57 (residual rule)",
+                   SpeculativeConfig(static_tree=NAIVE_EXTEND_57, exact_rule="residual"))]
     rows += [Method(f"lantern delta={d}", SpeculativeConfig(**dyn, relaxation=Relaxation(k=lantern_k, delta=d)))
              for d in (0.05, 0.1, 0.2, 0.4)]
     rows += [Method(f"lantern_pp lambda={lam:g}", SpeculativeConfig(tree="auto", static_tree=NAIVE_EXTEND_57,

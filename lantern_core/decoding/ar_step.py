@@ -2,8 +2,9 @@
 from step to step held in device tensors.
 
 `ARBuffers` are the tensors a step reads and writes (the KV cache over a fixed number of slots, the
-key-validity mask, the token buffer, the uniforms of every step drawn up front, the image-token index
-and the prefix length). `ar_step` advances the index by one without a host read, an allocation that
+key-validity mask, the token buffer, each image's noise key, the image-token index and the prefix length).
+Token i of image g is the Gumbel race of its filtered law with the noise of (key g, position i)
+(`position_noise.py`), computed inside the step, so every exact decoder can reproduce it. `ar_step` advances the index by one without a host read, an allocation that
 depends on the step, or a Python branch on a tensor value, so the same call runs eagerly, under
 `torch.compile(fullgraph=True)` and replayed from a CUDA graph (`step_graphs.py`), and all three give the
 same tokens. For a captured step, attention covers a window of slots with a mask (`keys <= slot`), as gpt-fast
@@ -21,7 +22,8 @@ import torch
 from ..config import SamplingConfig
 from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import KVCache
-from .sampling import Generators, combine_cfg, probs_from_logits, sample_from_probs
+from .acceptance.position_noise import PositionNoise
+from .sampling import combine_cfg, sample_at
 from .step_graphs import SLOT_BUCKET, band_window
 
 
@@ -74,7 +76,7 @@ class ARBuffers:
     cache: KVCache  # (L, rows, H_kv, slots, D) keys and values
     key_valid: torch.Tensor  # (rows, slots) bool: False on padded prefix slots
     tokens: torch.Tensor  # (B, N) long: image tokens, filled up to `index`
-    uniforms: torch.Tensor  # (N, B) float32: the uniform each image's token i is sampled with
+    noise: PositionNoise  # each image's position noise (bases (B, N), filled per run from the seeds)
     index: torch.Tensor  # () long: the image token the next step produces (1 .. N-1)
     prefix_len: torch.Tensor  # () long: T, the slot of image token 0's input is T
 
@@ -85,7 +87,7 @@ class ARBuffers:
             cache=model.allocate_cache(shape.rows, shape.slots),
             key_valid=torch.ones(shape.rows, shape.slots, dtype=torch.bool, device=device),
             tokens=torch.zeros(shape.batch, shape.image_tokens, dtype=torch.long, device=device),
-            uniforms=torch.zeros(shape.image_tokens, shape.batch, dtype=torch.float32, device=device),
+            noise=PositionNoise.allocate(shape.batch, shape.image_tokens, model.config.vocab_size, device),
             index=torch.ones((), dtype=torch.long, device=device),
             prefix_len=torch.ones((), dtype=torch.long, device=device),
         )
@@ -95,25 +97,15 @@ class ARBuffers:
 
     @property
     def nbytes(self) -> int:
-        return self.cache.nbytes + sum(t.numel() * t.element_size()
-                                       for t in (self.key_valid, self.tokens, self.uniforms))
-
-
-def draw_uniforms_upfront(generator: Generators, batch: int, n_tokens: int, device: torch.device) -> torch.Tensor:
-    """(N, B) uniforms: row i holds what `pick_tokens` would draw for token i. A per-sample list draws each
-    image's N uniforms from its own generator (sample i = a single run with seed + i); a shared generator
-    (or None) draws them in step order. On the CPU this is the same stream as drawing step by step."""
-    if generator is None or isinstance(generator, torch.Generator):
-        return torch.rand(n_tokens, batch, generator=generator, device=device)
-    if len(generator) != batch:
-        raise ValueError(f"got {len(generator)} generators for a batch of {batch}; pass one per sample")
-    return torch.stack([torch.rand(n_tokens, generator=g, device=device) for g in generator], dim=1)
+        return self.cache.nbytes + self.noise.nbytes + sum(t.numel() * t.element_size()
+                                                           for t in (self.key_valid, self.tokens))
 
 
 def sample_step_tokens(model: ImageTransformer, logits: torch.Tensor, sampling: SamplingConfig,
-                       index: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+                       index: torch.Tensor, noise: PositionNoise) -> torch.Tensor:
     """Raw logits (rows, V) of image token `index` (() long tensor) -> tokens (B,): CFG (with its interval,
-    as a tensor select), the model's forced-token layout, then argmax or inverse-CDF with `uniforms` (B,)."""
+    as a tensor select), the model's forced-token layout, then argmax, or the race of the filtered law with
+    the images' position noise at `index`."""
     if sampling.uses_cfg:
         guided = combine_cfg(logits, sampling.cfg_scale)
         if sampling.cfg_interval >= 0:
@@ -122,7 +114,7 @@ def sample_step_tokens(model: ImageTransformer, logits: torch.Tensor, sampling: 
     logits = model.constrain_logits(logits, index)
     if sampling.greedy:
         return logits.argmax(-1)
-    return sample_from_probs(probs_from_logits(logits, sampling), uniforms)
+    return sample_at(logits, sampling, noise, index.view(1))[:, 0]
 
 
 def ar_step(model: ImageTransformer, shape: ARShape, buffers: ARBuffers, window: int, masked: bool = True) -> None:
@@ -142,7 +134,6 @@ def ar_step(model: ImageTransformer, shape: ARShape, buffers: ARBuffers, window:
         mask = ((keys <= slot) & buffers.key_valid[:, :window] | (keys == slot))[:, None, None, :]  # (rows, 1, 1, window)
     step = ForwardStep(slot.view(1), buffers.cache, kv_len=window, mask=mask)
     logits = model.logits(model(model.embed_tokens(fed), step)[:, -1])  # (rows, V)
-    uniforms = buffers.uniforms.index_select(0, i.view(1))[0]  # (B,)
-    token = sample_step_tokens(model, logits, shape.sampling, i, uniforms)
+    token = sample_step_tokens(model, logits, shape.sampling, i, buffers.noise)
     buffers.tokens.index_copy_(1, i.view(1), token[:, None])
     buffers.index.add_(1)

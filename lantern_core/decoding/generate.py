@@ -19,7 +19,7 @@ from ..conditioning import Condition, build_prefix
 from ..config import SamplingConfig
 from ..models.gpt import ForwardStep, ImageTransformer
 from ..models.kv_cache import KVCache, attention_mask
-from .ar_step import (ARBuffers, ARShape, ar_step, draw_uniforms_upfront, exact_window, sample_step_tokens, slots_for,
+from .ar_step import (ARBuffers, ARShape, ar_step, exact_window, sample_step_tokens, slots_for,
                       window_for, windows)
 from .sampling import Generators
 from .step_graphs import RunLayout, StepExecution, StepRunner, layout_for, runner
@@ -129,7 +129,8 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
 
     Prefill runs eagerly; every later token is one `ar_step` over static buffers, replayed from a CUDA graph
     when `compile` is "auto" on a CUDA device (captured once per shape, `step_graphs.py`), else eager.
-    Both paths give the same tokens; the uniforms of every step are drawn up front from `generator`."""
+    Both paths give the same tokens: token i of image g is decided by the position noise of (g's key, i),
+    the key coming from its generator's seed (`position_noise.image_keys`)."""
     config = model.config
     n_tokens = config.num_image_tokens
     start = time.perf_counter()
@@ -145,10 +146,10 @@ def generate(model: ImageTransformer, condition: Condition, sampling: SamplingCo
     buffers: ARBuffers = step_runner.buffers
     try:
         if not sampling.greedy:
-            buffers.uniforms.copy_(draw_uniforms_upfront(generator, condition.batch, n_tokens, device))
+            buffers.noise.fill(generator)
         logits = model.logits(prefill(model, prefix, buffers.cache, buffers.key_valid)[:, -1])  # (rows, V)
         buffers.index.zero_()
-        buffers.tokens[:, 0] = sample_step_tokens(model, logits, sampling, buffers.index, buffers.uniforms[0])
+        buffers.tokens[:, 0] = sample_step_tokens(model, logits, sampling, buffers.index, buffers.noise)
         buffers.index.fill_(1)
         buffers.prefix_len.fill_(T)
         prefill_time = time.perf_counter() - start

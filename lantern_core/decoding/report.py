@@ -3,21 +3,39 @@ command line prints with --json, built from a `GenerationResult` in one place so
 not decode or time anything."""
 from __future__ import annotations
 
+from ..config import SamplingConfig
 from .batching import SpeculativeStats
 from .generate import GenerationResult
+from .trees.config import SpeculativeConfig
+from .trees.iteration import uses_same_as_ar
 
 
-def stats_payload(result: GenerationResult, mode: str, tree_label: str, drafter: str, conditions: list[str]) -> dict:
+def same_image_as_ar(spec, sampling: SamplingConfig) -> bool:
+    """Whether a run of `spec` (None for plain AR, a `SpeculativeConfig` or a `JacobiConfig`) gives plain AR's
+    image for every seed: lossless trees with the AR-identical rule, and every lossless mode when greedy."""
+    if spec is None:
+        return True
+    exact = spec.relaxation is None or spec.relaxation.exact
+    if isinstance(spec, SpeculativeConfig):
+        return uses_same_as_ar(spec, sampling) or (sampling.greedy and exact)
+    lossless = exact and getattr(spec, "grouping", None) is None and not getattr(spec, "row_commit", False)
+    return sampling.greedy and lossless
+
+
+def stats_payload(result: GenerationResult, mode: str, tree_label: str, drafter: str, conditions: list[str],
+                  same_as_ar: bool = False) -> dict:
     """The run's stats as JSON-ready values: speed, forward passes, accepted lengths (per image in a batch),
     the tree or window used, the relaxation spent, image 0's acceptance heat map and how the decode steps ran
     (`steps`: `StepExecution.to_dict`, replayed CUDA graphs or eager, compiled or not). `drafter` names the
-    drafter ("none (training-free)" for the Jacobi modes); `conditions` describes each image."""
+    drafter ("none (training-free)" for the Jacobi modes); `conditions` describes each image; `same_as_ar`
+    (`same_image_as_ar`) says the run's image is plain AR's for its seed."""
     s = result.stats
     payload = {"mode": mode, "batch": s.batch, "image_tokens": s.image_tokens,
                "forward_passes": s.forward_passes, "wall_time_s": round(s.wall_time_s, 4),
                "tokens_per_s": round(s.tokens_per_s, 2), "ms_per_step": round(s.ms_per_step, 3),
                "mean_accepted_length": round(s.mean_accepted_length, 4), "speculative": mode != "ar",
-               "conditions": conditions, "heatmap": result.acceptance_grid(0), "steps": s.steps.to_dict()}
+               "conditions": conditions, "heatmap": result.acceptance_grid(0), "steps": s.steps.to_dict(),
+               "same_image_as_ar": bool(same_as_ar)}
     if isinstance(s, SpeculativeStats):
         payload.update(tree=s.tree or tree_label, drafter=drafter, drafter_prefix_states=s.drafter_prefix_states,
                        acceptance_by_depth=[round(a, 4) for a in s.acceptance_by_depth],
@@ -41,6 +59,8 @@ def stats_text(payload: dict) -> str:
     if payload.get("speculative"):
         depth = " ".join(f"{a:.2f}" for a in payload["acceptance_by_depth"])
         text += f", tree {payload['tree']}, acceptance by depth [{depth}]"
+        if payload.get("same_image_as_ar"):
+            text += ", same image as ar for this seed"
         if payload.get("drafter_prefix_states") == "hf_port":
             text += ", drafter fed LANTERN's HF-port caption states"
         if payload.get("row_commits"):

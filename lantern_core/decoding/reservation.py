@@ -37,7 +37,7 @@ from ..memory_track import track_allocations
 from ..models.gpt import ImageTransformer
 from ..models.quantized import weights_scheme
 from .acceptance.neighbors import check_neighbors
-from .ar_step import (ARBuffers, ARShape, ar_step, draw_uniforms_upfront, exact_window, sample_step_tokens, slots_for,
+from .ar_step import (ARBuffers, ARShape, ar_step, exact_window, sample_step_tokens, slots_for,
                       window_for)
 from .batching import BatchSink, RunTally
 from .generate import prefill
@@ -260,11 +260,9 @@ def _dry_ar(model: ImageTransformer, make_prefix, batch: int, sampling: Sampling
         rows, T = prefix.key_valid.shape
         shape = ARShape(batch, slots_for(T, N, layout.slot_bucket), N, sampling)
         buffers = ARBuffers.allocate(model, shape)
-        if not sampling.greedy:
-            buffers.uniforms.copy_(draw_uniforms_upfront(None, batch, N, META))
         state = tally.live
         logits = model.logits(prefill(model, prefix, buffers.cache, buffers.key_valid)[:, -1])  # (rows, V)
-        buffers.tokens[:, 0] = sample_step_tokens(model, logits, sampling, buffers.index, buffers.uniforms[0])
+        buffers.tokens[:, 0] = sample_step_tokens(model, logits, sampling, buffers.index, buffers.noise)
         slot = T + N - 2
         window = shape.slots if layout.compiled else (exact_window if layout.exact else window_for)(slot, shape.slots)
         ar_step(model, shape, buffers, window)
@@ -290,7 +288,7 @@ def _dry_tree(model: ImageTransformer, drafter, make_prefix, spec: SpeculativeCo
         BatchSink.allocate(G, N, RunTally(META))
         dist = NodeDistributions(sampling, guided, model.constrain_logits)
         shape = TreeShape(rows, slots_for(T, N + spec.cache_spare, layout.slot_bucket), N, sampling,
-                          spec.dynamic if plan is None else plan.spec, spec.relaxation)
+                          spec.dynamic if plan is None else plan.spec, spec.relaxation, spec.exact_rule)
         state = TreeState.allocate(model, drafter, shape, plan, neighbors)
         persistent = tally.live
         hidden = prefill(model, prefix, state.cache, state.key_valid)

@@ -1,8 +1,9 @@
 """Turning logits into tokens: classifier-free guidance, temperature -> top-k -> top-p (LlamaGen's
-order), and sampling by inverse CDF from explicit uniforms drawn from caller-owned generators.
+order), the Gumbel race with position noise that decides every image token (`sample_at`), and inverse-CDF
+sampling from explicit uniforms drawn from caller-owned generators (what relaxed rules still use).
 
-Nothing here mutates its inputs or touches global RNG state. Drawing uniforms per sample (one
-generator per batch row) makes a batch of N reproduce N single runs exactly.
+Nothing here mutates its inputs or touches global RNG state. Image g's token i depends on g's key (its
+generator's seed) and i alone, so a batch of N reproduces N single runs exactly.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Sequence
 import torch
 
 from ..config import SamplingConfig
+from .acceptance.position_noise import PositionNoise, race_dtype, race_tokens
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
 
@@ -22,8 +24,11 @@ def combine_cfg(logits: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Temperature, then top-k, then top-p, on the last dim; returns new fp32 logits with -inf holes."""
-    out = logits.float() / max(temperature, 1e-5)
+    """Temperature, then top-k, then top-p, on the last dim: fp32 logits with -inf holes (the input itself when
+    it is fp32 and nothing applies; never modify the result in place)."""
+    out = logits.float()
+    if temperature != 1.0:  # (at 1 the division is a kernel that changes nothing)
+        out = out / max(temperature, 1e-5)
     vocab = out.shape[-1]
     if 0 < top_k < vocab:
         kth = torch.topk(out, top_k, dim=-1).values[..., -1:]
@@ -83,12 +88,27 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     return (cdf <= threshold).sum(-1).clamp_(max=probs.shape[-1] - 1)
 
 
-def pick_tokens(logits: torch.Tensor, config: SamplingConfig, generator: Generators) -> torch.Tensor:
-    """CFG-combined logits (B, V) -> tokens (B,): argmax when greedy, else a filtered sample."""
+def sample_at(logits: torch.Tensor, sampling: SamplingConfig, noise: PositionNoise, positions: torch.Tensor) -> torch.Tensor:
+    """CFG-combined logits (B, P, V), or (B, V) for P = 1, of image positions `positions` ((P,) or (B, P))
+    -> (B, P) tokens: the race of the filtered law with each position's noise. What AR draws, and what every
+    exact decoder's verification draws."""
+    logits = logits if logits.dim() == 3 else logits[:, None]  # (B, P, V)
+    return race(logits, sampling, noise.exp_at(positions, race_dtype(logits)))
+
+
+def race(logits: torch.Tensor, sampling: SamplingConfig, exp: torch.Tensor) -> torch.Tensor:
+    """CFG-combined logits (..., V) and their positions' Exp(1) values (same shape) -> the tokens the
+    filtered laws draw (...): the one arithmetic AR and every exact verification share."""
+    return race_tokens(filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p), exp)
+
+
+def pick_tokens(logits: torch.Tensor, config: SamplingConfig, generator: Generators, position: int = 0) -> torch.Tensor:
+    """CFG-combined logits (B, V) of image token `position` -> tokens (B,): argmax when greedy, else AR's
+    draw (`sample_at` with the keys of `generator`, `position_noise.image_keys`)."""
     if config.greedy:
         return logits.argmax(-1)
-    probs = probs_from_logits(logits, config)
-    return sample_from_probs(probs, draw_uniforms(generator, logits.shape[0], logits.device))
+    noise = PositionNoise.of(generator, logits.shape[0], position + 1, logits.shape[-1], logits.device)
+    return sample_at(logits, config, noise, torch.tensor([position], device=logits.device))[:, 0]
 
 
 def make_generators(seed: int, batch: int, device: torch.device | str = "cpu") -> list[torch.Generator]:
@@ -129,6 +149,10 @@ class NodeDistributions:
         """log of `__call__` computed as a log-softmax: finite wherever the filters keep a token, even
         where the probability itself underflows float32 (what drafting without replacement needs)."""
         return self._filtered(logits, index).log_softmax(-1)
+
+    def filtered(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """CFG, layout and filters without the normalisation: what a race ranks (CFG-combined logits when greedy)."""
+        return self._filtered(logits, index)
 
     def _filtered(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         combined = self.combine(logits, index)

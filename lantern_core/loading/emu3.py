@@ -36,7 +36,7 @@ from ..tiktoken_bpe import TiktokenBPE, read_ranks
 from .checkpoints import read_hf_folder
 from .family_io import chameleon_state
 from .prompted_build import (LoadedPrompted, Placement, build_prompted, decoder_shape, defaults_note,
-                             fields_left_out, place_vq)
+                             fields_left_out, place_vq, scales_rope)
 
 FIX = ("choose the Emu3 folder as downloaded: BAAI/Emu3-Gen-hf (config.json, tokenizer.json, model-*.safetensors) "
        "or BAAI/Emu3-Gen (config.json, emu3.tiktoken, emu3_vision_tokens.txt, model-*.safetensors) with "
@@ -77,13 +77,13 @@ def text_section(cfg: dict, layout: str) -> tuple[dict, str]:
 
 
 def check_rope(text: dict, where: str) -> None:
-    """Plain RoPE only: no scaling (Emu3-Gen has none; the original config writes `rope_scaling: null`)."""
-    scaling = text.get("rope_scaling")
-    params = text.get("rope_parameters") or {}
-    kind = params.get("rope_type", "default") if isinstance(params, dict) else params
-    if scaling not in (None, {}) or kind != "default":
-        raise ConfigError(f"{where}.rope_scaling / rope_parameters", "no RoPE scaling (as Emu3-Gen)",
-                          scaling if scaling not in (None, {}) else kind)
+    """Plain RoPE only: no scaling (Emu3-Gen has none; the original config writes `rope_scaling: null`, newer
+    transformers write `{"rope_type": "default"}`, which means the same)."""
+    scaling, params = text.get("rope_scaling"), text.get("rope_parameters")
+    if scales_rope(scaling) or scales_rope(params):
+        raise ConfigError(f"{where}.rope_scaling / rope_parameters",
+                          "no RoPE scaling (as Emu3-Gen; absent, null or {\"rope_type\": \"default\"})",
+                          scaling if scales_rope(scaling) else params)
 
 
 def emu3_config(cfg: dict, layout: str, grid: tuple[int, int], max_prompt: int, codes: int) -> tuple[GPTConfig, dict]:

@@ -38,6 +38,18 @@ class LoadedPrompted:
         return self.config.family
 
 
+def scales_rope(value: object) -> bool:
+    """Whether a config's `rope_scaling` / `rope_parameters` entry asks for RoPE scaling: not when absent
+    (None, {}) or when it only names the default kind (`{"rope_type": "default"}`, transformers' spelling of
+    plain RoPE, perhaps with the base `rope_theta`), which transformers loads as no scaling."""
+    if value in (None, {}, "default"):
+        return False
+    if not isinstance(value, dict):
+        return True
+    kind = value.get("rope_type", value.get("type", "default"))
+    return kind != "default" or bool(set(value) - {"rope_type", "type", "rope_theta"})
+
+
 def section(cfg: dict, *keys: str) -> dict:
     """cfg[k1][k2]... as a dict ({} when absent); a ConfigError naming the entry when it is not an object."""
     node = cfg
@@ -118,8 +130,9 @@ def chameleon_config(cfg: dict, grid: int, max_prompt: int, row_end: bool = Fals
         codes = positive(vq.get("num_embeddings", vq.get("n_embed", 8192)), "config.json vq_config.num_embeddings",
                          integer=True)
     cfg = {"rms_norm_eps": CHAMELEON_DEFAULTS["rms_norm_eps"], **cfg}  # ChameleonConfig's (Llama's is 1e-6)
-    if cfg.get("rope_scaling"):
-        raise ConfigError("config.json rope_scaling", "none (plain RoPE, as every release)", cfg["rope_scaling"])
+    if scales_rope(cfg.get("rope_scaling")):
+        raise ConfigError("config.json rope_scaling", "none (plain RoPE, as every release; {\"rope_type\": "
+                          "\"default\"} means none)", cfg["rope_scaling"])
     return GPTConfig(**decoder_shape(cfg, "config.json"), vocab_size=codes + int(row_end),
                      model_type="prompt", family="chameleon", qk_norm=True, swin_norm=bool(cfg.get("swin_norm")),
                      rope_dims=1, grid_size=grid, grid_cols=0 if cols == grid else cols, cls_token_num=max_prompt,

@@ -13,9 +13,10 @@ import lantern_core.decoding.generate as generate_module
 from lantern_core.conditioning import Condition
 from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.decoding import step_graphs
-from lantern_core.decoding.ar_step import (SLOT_BUCKET, ARShape, ar_step, draw_uniforms_upfront,
+from lantern_core.decoding.ar_step import (SLOT_BUCKET, ARShape, ar_step,
                                            window_for, windows)
 from lantern_core.decoding.generate import eager_ar_runner, generate, reset_for_warmup
+from lantern_core.decoding.acceptance.position_noise import key_tensor
 from lantern_core.decoding.sampling import combine_cfg, draw_uniforms, make_generators, pick_tokens
 from lantern_core.errors import ConfigError
 from lantern_core.models.gpt import ForwardStep
@@ -31,7 +32,7 @@ SAMPLED = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=20, top_p=0.95)
 @torch.no_grad()
 def reference_tokens(model, labels: list[int], sampling: SamplingConfig, seed: int) -> torch.Tensor:
     """The pre-step decoder's loop, kept as the oracle: a cache sliced to the slots written so far, one
-    `pick_tokens` draw per step from per-sample generators."""
+    `pick_tokens` draw per step keyed by the per-sample generators' seeds and the position."""
     generators = make_generators(seed, len(labels))
     condition = Condition.classes(labels)
     prefix = model.embed_condition(torch.cat([condition.labels, torch.full_like(condition.labels, 5)]))
@@ -47,7 +48,7 @@ def reference_tokens(model, labels: list[int], sampling: SamplingConfig, seed: i
             pos = T + i - 1
             hidden = model(model.embed_tokens(fed), ForwardStep(positions.new_tensor([pos]), cache, kv_len=pos + 1))
         logits = combine_cfg(model.logits(hidden[:, -1]), sampling.cfg_scale)
-        tokens.append(pick_tokens(logits, sampling, generators))
+        tokens.append(pick_tokens(logits, sampling, generators, position=i))
     return torch.stack(tokens, dim=1)
 
 
@@ -62,15 +63,18 @@ def test_step_loop_matches_the_step_by_step_reference(sampling):
         assert torch.equal(got, expected), seed
 
 
-def test_uniforms_drawn_up_front_are_the_step_by_step_stream():
-    up_front = draw_uniforms_upfront(make_generators(7, 3), 3, 50, torch.device("cpu"))
+def test_keys_come_from_seeds_not_stream_state():
+    """Image i's key is its generator's seed: a used generator gives the same key, a shared generator gives
+    seed + i, and a per-image list of the wrong length is refused."""
     gens = make_generators(7, 3)
-    assert torch.equal(up_front, torch.stack([draw_uniforms(gens, 3, torch.device("cpu")) for _ in range(50)]))
-    shared = draw_uniforms_upfront(torch.Generator().manual_seed(2), 3, 50, torch.device("cpu"))
-    g = torch.Generator().manual_seed(2)
-    assert torch.equal(shared, torch.stack([draw_uniforms(g, 3, torch.device("cpu")) for _ in range(50)]))
+    before = key_tensor(gens, 3, "cpu")
+    for g in gens:
+        torch.rand(5, generator=g)  # advancing the stream changes nothing
+    assert torch.equal(key_tensor(gens, 3, "cpu"), before)
+    assert torch.equal(key_tensor(torch.Generator().manual_seed(7), 3, "cpu"), before)
+    assert len(set(before.tolist())) == 3
     with pytest.raises(ValueError, match="one per sample"):
-        draw_uniforms_upfront(make_generators(0, 2), 3, 5, torch.device("cpu"))
+        key_tensor(make_generators(0, 2), 3, "cpu")
 
 
 def test_attention_windows_cover_every_slot_in_few_shapes():

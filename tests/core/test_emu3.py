@@ -233,6 +233,27 @@ def test_fields_a_config_leaves_out_take_emu3s_defaults_and_are_named(emu3, tmp_
     assert set(defaults) == {"num_key_value_heads", "rms_norm_eps", "rope_theta"}
 
 
+def test_a_text_config_that_spells_out_default_rope_loads_as_plain_rope(emu3, tmp_path):
+    """`rope_scaling: {"rope_type": "default"}` (with or without the base) is transformers' spelling of no
+    scaling: it loads, with the same weights and RoPE base as the released config; a real scaling is refused."""
+    import shutil
+
+    _, folders, loaded = emu3
+    reference = loaded["hf-emu3"]
+    for scaling in ({"rope_type": "default"}, {"rope_type": "default", "rope_theta": reference.config.rope_base}):
+        folder = tmp_path / f"default-rope-{len(scaling)}"
+        shutil.copytree(folders["hf-emu3"], folder)
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["text_config"]["rope_scaling"] = scaling
+        (folder / "config.json").write_text(json.dumps(cfg))
+        got = load_prompted(folder, grid_size=GRID)
+        assert got.config == reference.config
+        cfg["text_config"]["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+        (folder / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(CheckpointError, match="rope_scaling"):
+            load_prompted(folder, grid_size=GRID)
+
+
 def test_sizes_follow_emu3s_processor():
     assert emu3_sizes()[0] == (720, 720)  # Emu3-Gen: 90 x 90 codes
     assert emu3_ratio_grid((16, 9)) == (68, 120)  # round(67.5) = 68: Python's rounding, as its processor

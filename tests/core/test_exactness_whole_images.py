@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import lantern_core.decoding.acceptance.siblings as acceptance
+import lantern_core.decoding.trees.iteration as tree_iteration
 import lantern_core.decoding.trees.walk as tree_walk
 from lantern_core.conditioning import Condition
 from lantern_core.config import DrafterConfig, GPTConfig, SamplingConfig
@@ -75,6 +76,7 @@ class Case:
     images: int
     tree: TreeSpec = NAIVE_EXTEND_57
     relaxation: Relaxation | None = None
+    exact_rule: str = "same_as_ar"  # trees: AR's own draws (the default) or the residual rule
 
 
 CASES = {
@@ -84,6 +86,14 @@ CASES = {
     "static_naive57_cfg_topk3": Case("A", "static", SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=3), 2500),
     "static_naive57_nocfg": Case("B", "static", SamplingConfig(cfg_scale=1.0, temperature=1.0), 2500),
     "static_naive57_cfg_weightsB": Case("B", "static", SamplingConfig(cfg_scale=3.0, temperature=1.0), 2000),
+    # the residual rule (`exact_rule="residual"`), kept as an option: its own whole-image checks
+    "residual_naive57_cfg": Case("A", "static", CFG2, 3000, exact_rule="residual"),
+    "residual_naive57_cfg_weightsB": Case("B", "static", SamplingConfig(cfg_scale=3.0, temperature=1.0), 2000,
+                                          exact_rule="residual"),
+    "residual_lantern_delta0_3x3_topp": Case("C", "static", SamplingConfig(cfg_scale=2.0, temperature=1.0, top_p=0.9),
+                                             1500, SMALL_TREE, Relaxation(k=2, delta=0.0), "residual"),
+    "residual_eagle2_cfg_topk3": Case("A", "dynamic", SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=3), 2500,
+                                      exact_rule="residual"),
     "static_small_3x3_cfg_topp": Case("C", "static", SamplingConfig(cfg_scale=2.0, temperature=1.0, top_p=0.9),
                                       2000, SMALL_TREE),
     "static_chain4_3x3_cfg": Case("C", "static", CFG2, 1500, chain_tree(4)),
@@ -139,8 +149,9 @@ def decode(case: Case, seed: int = 123) -> torch.Tensor:
     if case.mode in ("sjd", "sjd_coupled"):
         config = JacobiConfig(window=3, coupled=case.mode == "sjd_coupled")
         return jacobi_generate(model, condition, case.sampling, config, generators).tokens
-    spec = SpeculativeConfig(tree="dynamic", dynamic=DYNAMIC) if case.mode == "dynamic" else \
-        SpeculativeConfig(tree="static", static_tree=case.tree, relaxation=case.relaxation)
+    spec = SpeculativeConfig(tree="dynamic", dynamic=DYNAMIC, exact_rule=case.exact_rule) if case.mode == "dynamic" \
+        else SpeculativeConfig(tree="static", static_tree=case.tree, relaxation=case.relaxation,
+                               exact_rule=case.exact_rule)
     return speculative_generate(model, drafter, condition, case.sampling, spec, generators,
                                 neighbors=neighbors if case.relaxation else None).tokens
 
@@ -170,12 +181,31 @@ def test_exact_mode_samples_the_ar_law_over_whole_images(name):
 
 def test_the_pre_fix_renormalisation_is_rejected(monkeypatch):
     monkeypatch.setattr(acceptance, "conditional_draft", conditional_draft_floored)
-    assert pvalue(replace(CASES["static_naive57_cfg_weightsB"], images=1500)) < FAIL
+    assert pvalue(replace(CASES["residual_naive57_cfg_weightsB"], images=1500)) < FAIL
 
 
 def test_a_forgotten_residual_is_rejected(monkeypatch):
     monkeypatch.setattr(tree_walk, "accept_siblings", residual_forgotten)
-    assert pvalue(replace(CASES["static_naive57_nocfg"], images=1500)) < FAIL
+    assert pvalue(replace(CASES["static_naive57_nocfg"], images=1500, exact_rule="residual")) < FAIL
+
+
+def test_noise_shared_across_positions_is_rejected(monkeypatch):
+    """The AR-identical walk is AR's law only because every position races with its own noise: a tree whose
+    nodes all race with the noise of the root's position (a plausible indexing slip) is rejected."""
+    real = tree_iteration.tree_positions
+    monkeypatch.setattr(tree_iteration, "tree_positions", lambda root, depth, device: real(root, depth, device) * 0)
+    assert pvalue(replace(CASES["static_naive57_cfg"], images=1500)) < FAIL
+
+
+def test_a_walk_that_skips_the_parent_check_is_rejected(monkeypatch):
+    """A walk that accepts a node whose token is its parent's draw without checking the ancestors above it
+    (the deepest passing node wins) emits tokens AR would not draw."""
+    def no_ancestry(draws, parents, depths, mask, node_tokens, depth, paths=None):
+        G, n1 = node_tokens.shape
+        return tree_walk.walk_same_as_ar(draws, parents, depths, torch.eye(n1, dtype=torch.bool).expand(G, n1, n1),
+                                         node_tokens, depth, paths)
+    monkeypatch.setattr(tree_iteration, "walk_same_as_ar", no_ancestry)
+    assert pvalue(replace(CASES["static_naive57_cfg"], images=1500)) < FAIL
 
 
 def test_a_miscalibrated_sampler_is_rejected():

@@ -31,7 +31,7 @@ def recompute_tokens(model, condition, sampling, generators):
             logits = model.logits(model(h, ForwardStep(positions, mask=attention_mask(key_valid, positions, S)))[:, -1])
         if guided:
             logits = combine_cfg(logits, sampling.cfg_scale) if sampling.cfg_active(i) else logits.chunk(2)[0]
-        tokens = torch.cat([tokens, pick_tokens(logits, sampling, generators)[:, None]], dim=1)
+        tokens = torch.cat([tokens, pick_tokens(logits, sampling, generators, position=i)[:, None]], dim=1)
     return tokens
 
 

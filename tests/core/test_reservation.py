@@ -59,6 +59,9 @@ COVERED_ELSEWHERE = {  # modes of MODES without a case of their own: the case wh
     "lantern_pp lambda 5 (naive_extend_57) greedy": "eagle2 d5 k10 n58 greedy",
     "lantern delta 0.1 (eagle2 d5 k10 n58) greedy": "eagle2 d5 k10 n58 greedy",
     "eagle2 d5 k10 n58": "lantern delta 0.1 (eagle2 d5 k10 n58)",  # dynamic tree, sampled
+    # the residual rule allocates what the relaxed rules do (walk uniforms, a sampled static tree's Exp(1) table)
+    "static_tree naive_extend_57 residual rule": "lantern_pp lambda 5 (naive_extend_57)",
+    "eagle2 d5 k10 n58 residual rule": "lantern delta 0.1 (eagle2 d5 k10 n58)",
 }
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
+import lantern_core.decoding.trees.iteration as tree_iteration
 import lantern_core.decoding.trees.walk as tree_walk
 from lantern_core.decoding.acceptance.siblings import SiblingVerdict
 from lantern_core.conditioning import Condition, build_prefix
@@ -16,7 +17,7 @@ from lantern_core.decoding.trees.drafting import DrafterSession, DynamicShape, d
 from lantern_core.decoding.batching import per_row
 from lantern_core.models.gpt import ForwardStep
 from lantern_core.models.kv_cache import attention_mask
-from lantern_core.decoding.sampling import sample_from_probs
+from lantern_core.decoding.sampling import make_generators, sample_from_probs
 from lantern_core.decoding.sampling import NodeDistributions
 from lantern_core.decoding.trees.config import SpeculativeConfig
 from lantern_core.decoding.trees.iteration import verify_tree
@@ -27,12 +28,18 @@ from tests.wrong_rules import residual_forgotten
 SMALL = GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=8, model_type="c2i", num_classes=3, cls_token_num=1,
                   grid_size=4)
 SAMPLES, CHUNK, LABEL = 20_000, 5_000, 1
-CASES = {
-    "static_tree": (SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57),
-                    SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=6)),
-    "eagle2": (SpeculativeConfig(tree="dynamic", dynamic=DynamicShape(depth=3, top_k=4, nodes=14)),
-               SamplingConfig(cfg_scale=1.0, temperature=1.0, top_p=0.9)),
+STATIC_SAMPLING = SamplingConfig(cfg_scale=2.0, temperature=1.0, top_k=6)
+EAGLE2_SAMPLING = SamplingConfig(cfg_scale=1.0, temperature=1.0, top_p=0.9)
+EAGLE2_SHAPE = DynamicShape(depth=3, top_k=4, nodes=14)
+CASES = {  # the default AR-identical rule, and the residual rule kept as an option
+    "static_tree": (SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57), STATIC_SAMPLING),
+    "eagle2": (SpeculativeConfig(tree="dynamic", dynamic=EAGLE2_SHAPE), EAGLE2_SAMPLING),
+    "static_tree_residual": (SpeculativeConfig(tree="static", static_tree=NAIVE_EXTEND_57, exact_rule="residual"),
+                             STATIC_SAMPLING),
+    "eagle2_residual": (SpeculativeConfig(tree="dynamic", dynamic=EAGLE2_SHAPE, exact_rule="residual"),
+                        EAGLE2_SAMPLING),
 }
+RESIDUAL = ["eagle2_residual", "static_tree_residual"]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +53,8 @@ def first_iteration(model, drafter, spec, sampling, seed):
     g = torch.Generator().manual_seed(seed)
     plan = plan_static_tree(spec.static_tree, torch.device("cpu"))
     outs = []
-    for _ in range(SAMPLES // CHUNK):
+    for chunk in range(SAMPLES // CHUNK):
+        keys = make_generators(seed * SAMPLES + chunk * CHUNK, CHUNK)  # each sample's own position-noise key
         prefix = build_prefix(model, Condition.classes([LABEL] * CHUNK), sampling.uses_cfg)
         rows, T = prefix.key_valid.shape
         max_len = T + spec.max_nodes + 2
@@ -62,7 +70,8 @@ def first_iteration(model, drafter, spec, sampling, seed):
             tree = draft_static(session, model, plan, x0, 0, dist, False, g)
         else:
             tree = draft_dynamic(session, model, spec.dynamic, x0, 0, dist)
-        walk = verify_tree(model, cache, key_valid, T, tree, dist, spec, g, None, 0).walk
+        walk = verify_tree(model, cache, key_valid, T, tree, dist, spec, g if spec.exact_rule == "residual" else keys,
+                           None, 0).walk
         gi = torch.arange(CHUNK)
         node1, node2 = walk.path[:, 1].clamp(min=0), walk.path[:, 2].clamp(min=0)
         x1 = torch.where(walk.accepted >= 1, tree.tokens[gi, node1], walk.bonus)
@@ -148,7 +157,7 @@ def test_exact_modes_sample_the_target_law(models, mode):
     assert first > 1e-3 and second > 1e-3, (first, second)
 
 
-@pytest.mark.parametrize("mode", sorted(CASES))
+@pytest.mark.parametrize("mode", RESIDUAL)
 def test_the_same_test_rejects_a_wrong_rule(models, mode, monkeypatch):
     model, drafter = models
     spec, sampling = CASES[mode]
@@ -156,6 +165,28 @@ def test_the_same_test_rejects_a_wrong_rule(models, mode, monkeypatch):
     with torch.no_grad():
         samples = first_iteration(model, drafter, spec, sampling, seed=11)
         first, second, _ = law_pvalues(samples, *ar_law(model, sampling))
+    assert min(first, second) < 1e-6
+
+
+@pytest.mark.parametrize("mode", ["eagle2", "static_tree"])
+def test_the_same_test_rejects_a_walk_that_ignores_the_parent(models, mode, monkeypatch):
+    """The AR-identical walk, broken: a node passes when its token is its own draw (the law of the position
+    after it) instead of its parent's draw."""
+    model, drafter = models
+    spec, sampling = CASES[mode]
+    real = tree_iteration.walk_same_as_ar
+
+    def own_draw(draws, parents, depths, mask, node_tokens, depth, paths=None):
+        own = torch.arange(node_tokens.shape[1]).clamp(max=draws.shape[1] - 1)
+        return real(draws, own.expand_as(parents), depths, mask, node_tokens, depth, paths)
+    monkeypatch.setattr(tree_iteration, "walk_same_as_ar", own_draw)
+    with torch.no_grad():
+        samples = first_iteration(model, drafter, spec, sampling, seed=11)
+        try:
+            first, second, _ = law_pvalues(samples, *ar_law(model, sampling))
+        except AssertionError as impossible:  # it emitted a token the filters remove: rejected outright
+            assert "probability 0" in str(impossible)
+            return
     assert min(first, second) < 1e-6
 
 
@@ -180,7 +211,7 @@ def raw_q_rule(p, log_q, children, uniforms, valid=None, rule=None, neighbors=No
 
 def test_ignoring_sampling_without_replacement_is_caught(models, monkeypatch):
     model, drafter = models
-    spec, sampling = CASES["static_tree"]
+    spec, sampling = CASES["static_tree_residual"]
     monkeypatch.setattr(tree_walk, "accept_siblings", raw_q_rule)
     with torch.no_grad():
         samples = first_iteration(model, drafter, spec, sampling, seed=11)

@@ -153,3 +153,22 @@ def test_iteration_cost_times_each_compile_choice_that_runs_differently():
     only_graphs = iteration_cost.cost_row("m", "w", 8, {"graphs": cuda["graphs"]}, ar)
     assert (only_graphs.graphs, only_graphs.compiled, only_graphs.fell_back) == ("all", "off", False)
     assert math.isnan(only_graphs.auto_ms_per_iteration) and math.isnan(only_graphs.eager_vs_ar_step)
+
+
+def test_the_stats_say_when_a_mode_gives_ar_s_image_for_the_seed():
+    from lantern_core.config import SamplingConfig
+    from lantern_core.decoding.acceptance.relaxation import Relaxation
+    from lantern_core.decoding.jacobi.config import JacobiConfig
+    from lantern_core.decoding.report import same_image_as_ar, stats_text
+    from lantern_core.decoding.trees.config import SpeculativeConfig
+    sampled, greedy = SamplingConfig(), SamplingConfig(temperature=0.0)
+    assert same_image_as_ar(SpeculativeConfig(), sampled)
+    assert same_image_as_ar(SpeculativeConfig(relaxation=Relaxation(k=4, lam=1.0)), sampled)
+    assert not same_image_as_ar(SpeculativeConfig(exact_rule="residual"), sampled)
+    assert not same_image_as_ar(SpeculativeConfig(relaxation=Relaxation(k=4, delta=0.1)), sampled)
+    assert same_image_as_ar(SpeculativeConfig(exact_rule="residual"), greedy)
+    assert not same_image_as_ar(JacobiConfig(8), sampled) and same_image_as_ar(JacobiConfig(8), greedy)
+    model = random_gpt(TINY_C2I)
+    result = decode(model, random_drafter(model), [0], "static_tree")
+    assert "same image as ar" in stats_text(stats_payload(result, "static_tree", "-", "d", ["0"], same_as_ar=True))
+    assert "same image as ar" not in stats_text(stats_payload(result, "static_tree", "-", "d", ["0"]))

@@ -36,6 +36,11 @@ class Relaxation:
         if self.lam is not None and not self.lam >= 1.0:
             raise ConfigError("lambda", "a multiplicative bound >= 1", self.lam)
 
+    @property
+    def exact(self) -> bool:
+        """True when the rule relaxes nothing (k = 0, delta = 0 or lambda = 1): p~ = p, a lossless decoder."""
+        return self.k == 0 or self.delta == 0.0 or self.lam == 1.0
+
 
 @dataclass
 class RelaxedMass:

@@ -64,7 +64,7 @@ def decode_batch(model: ImageTransformer, drafter: EagleDrafter, spec: Speculati
     device = prefix.embeddings.device
     layout = layout_for(request.compile, device)
     shape = TreeShape(rows, slots_for(T, N + spec.cache_spare, layout.slot_bucket), N, sampling,
-                      spec.dynamic if plan is None else plan.spec, spec.relaxation)
+                      spec.dynamic if plan is None else plan.spec, spec.relaxation, spec.exact_rule)
     step_runner = tree_runner(model, drafter, shape, plan, dist, neighbors, layout)
     state: TreeState = step_runner.buffers
     try:
@@ -72,7 +72,8 @@ def decode_batch(model: ImageTransformer, drafter: EagleDrafter, spec: Speculati
         first = pick_tokens(dist.combine(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long, device=device))[:, 0],
                             sampling, generators)  # (G,)
         state.start_image(T, first)
-        if not sampling.greedy:  # every iteration's walk uniforms, per image, before the first one
+        state.position.fill(generators)
+        if not sampling.greedy and not shape.same_as_ar:  # every iteration's walk uniforms, per image, up front
             fill_per_image(state.uniforms, generators)
         state.session.reset(0)
         fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first, rows, T)

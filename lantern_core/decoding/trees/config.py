@@ -14,21 +14,33 @@ from .drafting import DynamicShape
 from .specs import NAIVE_EXTEND_57, TreeSpec
 
 
+EXACT_RULES = ("same_as_ar", "residual")
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """How to draft and accept. `tree` "static" uses `static_tree`; "dynamic" is EAGLE-2 with `dynamic`;
     "auto" picks the best sub-tree of `static_tree` for this machine (`trees/auto.py`), calibrating on the
     first image of the first run per drafter and sampling setting. `relaxation` None is exact (lossless);
-    a Relaxation with delta is LANTERN, with lam LANTERN++."""
+    a Relaxation with delta is LANTERN, with lam LANTERN++.
+
+    `exact_rule` says how a lossless tree accepts sampled drafts: "same_as_ar" (the default) accepts a
+    drafted token only where it equals the target's own draw at that position (the Gumbel race AR runs with
+    the image's position noise), so the image is AR's for the seed; "residual" is the multi-draft
+    speculative-sampling rule (accept x with min(1, p/q), redraw from the residual), which samples AR's
+    law but another image. Relaxed rules (delta > 0, lambda > 1) keep their own tests."""
 
     tree: Literal["static", "dynamic", "auto"] = "static"
     static_tree: TreeSpec = NAIVE_EXTEND_57
     dynamic: DynamicShape = DynamicShape()
     relaxation: Relaxation | None = None
+    exact_rule: Literal["same_as_ar", "residual"] = "same_as_ar"
 
     def __post_init__(self) -> None:
         if self.tree not in ("static", "dynamic", "auto"):
             raise ConfigError("tree", "'static', 'dynamic' or 'auto'", self.tree)
+        if self.exact_rule not in EXACT_RULES:
+            raise ConfigError("exact_rule", f"one of {list(EXACT_RULES)}", self.exact_rule)
         d = self.dynamic
         if not (1 <= d.depth <= 64 and 1 <= d.top_k <= 64 and 1 <= d.nodes <= d.top_k + (d.depth - 1) * d.top_k ** 2):
             raise ConfigError("dynamic tree", "depth 1..64, top_k 1..64 and 1 <= nodes <= top_k + (depth-1)*top_k^2",

@@ -31,6 +31,9 @@ class NodeDistribution(Protocol):
     def log_probs(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """log of the sampling distribution; -inf where the filters remove a token."""
 
+    def filtered(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The filtered logits `log_probs` normalises (what a race needs)."""
+
 
 @dataclass
 class DraftTree:
@@ -44,6 +47,7 @@ class DraftTree:
     depth: int
     log_q: torch.Tensor | None  # (G, n+1, V) log drafter law each node's children were drawn from; None = top-k
     widths: tuple[int, ...] | None = None  # static trees: most children a node at depth d has (the walk's trip)
+    paths: torch.Tensor | None = None  # static trees: (n+1, depth+1) node ids root -> each node, -1 padded
 
 
 class DrafterSession:
@@ -184,6 +188,7 @@ class StaticPlan:
     expand_at: list[torch.Tensor]  # depth d: node ids at depth d that have children
     width_at: list[int]  # depth d: most children any depth d-1 node has
     levels: list["ExpandLevel"]  # depth d: the constant indices of expanding expand_at[d]
+    paths: torch.Tensor | None = None  # (n+1, depth+1) node ids from the root to each node, -1 padded
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,11 @@ class ExpandLevel:
     parents: torch.Tensor  # (T,) the parent node of each expanded node
     rows: torch.Tensor  # (T,) each expanded node's row in the ancestry over nodes 1..n (node id - 1)
     positions: torch.Tensor  # (T,) its offset from the root's image-token index (1 + depth)
+    in_level: torch.Tensor | None  # (T,) its place among nodes_at[d] (None: the first T, in order)
+    parent_rows: torch.Tensor | None  # (T,) its parent's place among expand_at[d - 1], the previous level's
+    # outputs (None: one parent each, in order)
+    contiguous: bool = False  # `rows` is a run of consecutive rows (taken as a slice)
+    first_row: int = 0  # its first row when contiguous
 
 
 def plan_static_tree(spec: TreeSpec, device: torch.device) -> StaticPlan:
@@ -217,10 +227,29 @@ def plan_static_tree(spec: TreeSpec, device: torch.device) -> StaticPlan:
         expand_at.append(nodes[widths[nodes] > 0])
     width_at = [0] + [int(r.max()) + 1 for r in rank_of[1:]]
     move = lambda xs: [x.to(device) for x in xs]  # noqa: E731
-    levels = [ExpandLevel(*move([b.parents[grow], (grow - 1).clamp(min=0), 1 + b.depths[grow]])) for grow in expand_at]
+    levels = []
+    for d, grow in enumerate(expand_at):
+        in_level = torch.searchsorted(nodes_at[d], grow)  # nodes_at[d] is ascending
+        parent_rows = row_of[d][in_level] if d else torch.zeros_like(grow)
+        rows = (grow - 1).clamp(min=0)
+        contiguous = rows.numel() > 0 and torch.equal(rows, torch.arange(int(rows[0]), int(rows[0]) + rows.numel()))
+        levels.append(ExpandLevel(*move([b.parents[grow], rows, 1 + b.depths[grow]]),
+                                  _unless_identity(in_level, device), _unless_identity(parent_rows, device),
+                                  contiguous, int(rows[0]) if contiguous else 0))
+    if not torch.equal(torch.cat(nodes_at), torch.arange(n1)):  # `TreeSpec` sorts its paths by depth
+        raise ValueError(f"tree '{spec.name}': node ids must run depth by depth")
+    paths = torch.full((n1, spec.depth + 1), -1, dtype=torch.long)
+    for node in range(n1):
+        for ancestor in torch.nonzero(b.mask[node])[:, 0].tolist():
+            paths[node, int(b.depths[ancestor])] = ancestor
     buffers = TreeBuffers(*(t.to(device) for t in (b.parents, b.depths, b.ranks, b.mask, b.retrieve)))
     return StaticPlan(spec, buffers, children.to(device), move(parents_at), move(nodes_at), move(row_of),
-                      move(rank_of), move(expand_at), width_at, levels)
+                      move(rank_of), move(expand_at), width_at, levels, paths.to(device))
+
+
+def _unless_identity(index: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """None where taking `index` along a dimension would take its first len(index) entries in order (a slice)."""
+    return None if torch.equal(index, torch.arange(index.numel())) else index.to(device)
 
 
 def index_tensor(index: int | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -238,11 +267,15 @@ def noise_shapes(plan: StaticPlan, trees: int, vocab: int) -> list[tuple[int, in
 def draft_static(session: DrafterSession, target: ImageTransformer, plan: StaticPlan, root_tokens: torch.Tensor,
                  root_index: int | torch.Tensor, distribution: NodeDistribution, greedy: bool,
                  generator: torch.Generator | None, noise: list[torch.Tensor] | None = None,
-                 window: int | None = None) -> DraftTree:
+                 window: int | None = None, keep_laws: bool = True) -> DraftTree:
     """Fill G static trees (root_tokens (G,)): children of each node sampled without replacement from its
     drafter distribution (top-c when greedy). root_index = image-token index of the root tokens (an int or
     a device tensor). `noise` (shapes `noise_shapes`) replaces the per-depth draws from `generator`;
-    `window` is the drafter's static attention extent (see `DrafterSession.expand`)."""
+    `window` is the drafter's static attention extent (see `DrafterSession.expand`). `keep_laws` False (greedy
+    runs and the AR-identical walk, which never read the drafter's laws) drafts level by level without the per-node tables
+    (`draft_static_lean`)."""
+    if not keep_laws:
+        return draft_static_lean(session, target, plan, root_tokens, root_index, distribution, greedy, noise, window)
     b = plan.buffers
     n1 = b.parents.shape[0]
     rows, dim = session.root_feature.shape
@@ -273,7 +306,49 @@ def draft_static(session: DrafterSession, target: ImageTransformer, plan: Static
             feats[:, grow] = out
             log_q[:, grow] = distribution.log_probs(target.logits(out), root_index + level.positions)
     return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, None if greedy else log_q,
-                     tuple(plan.width_at[1:]))
+                     tuple(plan.width_at[1:]), plan.paths)
+
+
+def draft_static_lean(session: DrafterSession, target: ImageTransformer, plan: StaticPlan, root_tokens: torch.Tensor,
+                      root_index: int | torch.Tensor, distribution: NodeDistribution, greedy: bool,
+                      noise: list[torch.Tensor] | None, window: int | None) -> DraftTree:
+    """`draft_static` without per-node tables: each level reads the previous level's features and drafter
+    scores directly (a level's parents are the previous level's expanded nodes, in the same order), races
+    the filtered drafter logits (no log-softmax: a row's normalisation never changes its race) and the tree's
+    tokens are stacked once at the end. The DraftTree has no laws (`log_q` None)."""
+    b = plan.buffers
+    rows = session.root_feature.shape[0]
+    G = root_tokens.shape[0]
+    root_index = index_tensor(root_index, root_tokens.device)
+    scores = distribution.filtered(target.logits(session.root_feature[:, None]), root_index + 1)  # (G, 1, V)
+    feats = session.root_feature[:, None]  # (rows, parents, dim): the previous level's outputs
+    ancestry = b.mask[1:, 1:]  # (n, n) over nodes 1..n
+    masks = session.tree_mask(ancestry, window)  # (rows, 1, n, keys): built once, each level takes its rows
+    pieces = [root_tokens[:, None]]
+    for d in range(1, plan.spec.depth + 1):
+        P, width = plan.parents_at[d].numel(), plan.width_at[d]
+        flat = scores.reshape(G * P, -1)  # (G*P, V)
+        drawn = flat.topk(width, dim=-1).indices if greedy else sample_without_replacement(
+            flat, width, None, None if noise is None else noise[d - 1])
+        level_tokens = drawn.view(G, P, width)[:, plan.row_of[d], plan.rank_of[d]]  # (G, nodes at depth d)
+        pieces.append(level_tokens)
+        grow = plan.expand_at[d]
+        if grow.numel():
+            level = plan.levels[d]
+            T = grow.numel()
+            if level.parent_rows is None:
+                parents = feats[:, :T]
+            elif feats.shape[1] == 1:  # one parent for all (the root): a broadcast, no copy
+                parents = feats.expand(-1, T, -1)
+            else:
+                parents = feats[:, level.parent_rows]
+            fed = level_tokens[:, :T] if level.in_level is None else level_tokens[:, level.in_level]
+            mask = masks[:, :, level.first_row:level.first_row + T] if level.contiguous else masks[:, :, level.rows]
+            feats = session.expand(parents, per_row(fed, rows), d, grow, ancestry, window, mask)
+            scores = distribution.filtered(target.logits(feats), root_index + level.positions)
+    tokens = torch.cat(pieces, 1)  # (G, n+1): node ids run depth by depth (`plan_static_tree` checks)
+    return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, None,
+                     tuple(plan.width_at[1:]), plan.paths)
 
 
 @dataclass(frozen=True)

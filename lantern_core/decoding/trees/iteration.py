@@ -29,12 +29,14 @@ from ...models.gpt import ImageTransformer
 from ...models.kv_cache import KVCache, keep_rows
 from ..acceptance.relaxation import Relaxation
 from ..batching import per_row, row_list
+from ..acceptance.position_noise import PositionNoise, race_dtype
+from ..sampling import race
 from ..step_graphs import SLOT_BUCKET, band_starts, band_window
 from .attention import commit_padded_path, forward_tree
 from .drafting import (DrafterSession, DraftTree, DynamicShape, NodeDistribution, StaticPlan, draft_dynamic,
                        draft_static, index_tensor, noise_shapes)
 from .specs import TreeSpec
-from .walk import WalkResult, walk_longest_path, walk_tree
+from .walk import WalkResult, walk_longest_path, walk_same_as_ar, walk_tree
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,12 @@ class TreeShape:
     sampling: SamplingConfig
     tree: TreeSpec | DynamicShape
     relaxation: Relaxation | None = None
+    exact_rule: str = "same_as_ar"
+
+    @property
+    def same_as_ar(self) -> bool:
+        """Whether the iteration draws with position noise and accepts only AR's own draws (`uses_same_as_ar`)."""
+        return uses_same_as_ar(self, self.sampling)
 
     @property
     def dynamic(self) -> bool:
@@ -72,6 +80,14 @@ class TreeShape:
     def draft_slots(self) -> int:
         """Drafter cache slots the drafted tree occupies past the committed length."""
         return self.tree.depth * self.tree.top_k if self.dynamic else self.tree.num_nodes
+
+
+def uses_same_as_ar(spec, sampling: SamplingConfig) -> bool:
+    """A sampled tree decoder whose rule is lossless (no relaxation, or one that relaxes nothing) and whose
+    `exact_rule` (a `SpeculativeConfig` or `TreeShape`) is "same_as_ar" verifies with `walk_same_as_ar`."""
+    relaxation = spec.relaxation
+    exact = relaxation is None or relaxation.exact
+    return not sampling.greedy and exact and getattr(spec, "exact_rule", "same_as_ar") == "same_as_ar"
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,7 @@ class TreeState:
     tokens: torch.Tensor  # (G, N + 2 (depth + 1)) long: the images, padded by two paths
     per_cell: torch.Tensor  # (G, N + 2 (depth + 1)) int32: tokens accepted by the forward that produced each cell
     noise: list[torch.Tensor]  # Exp(1) draws per depth for sampled static trees, (G, P_d, V) views of `draws`
+    position: PositionNoise  # each image's position noise (bases (G, N + 2 (depth + 1))), filled per run
     uniforms: torch.Tensor  # (G, N, depth, C + 1) the walk's uniforms per image, row t for its iteration t
     iteration: torch.Tensor  # (G,) long iterations each image has taken (its row of `uniforms`)
     neighbors: torch.Tensor | None  # (V, k) relaxation table, copied in before each batch
@@ -138,7 +155,7 @@ class TreeState:
         session = DrafterSession(drafter, shape.rows, shape.slots, key_valid)
         V, G = model.config.vocab_size, shape.trees
         width = shape.tree.top_k if shape.dynamic else plan.children.shape[-1]
-        sampled = not shape.dynamic and not shape.sampling.greedy
+        sampled = not shape.dynamic and not shape.sampling.greedy and not shape.same_as_ar
         draws = torch.ones(G, sum(p * v for p, v in noise_shapes(plan, 1, V)), device=device) if sampled else None
         padded = shape.image_tokens + 2 * (shape.depth + 1)
         levels = shape.depth - 1 if shape.dynamic else sum(1 for g in plan.expand_at[1:] if g.numel())
@@ -147,6 +164,7 @@ class TreeState:
             cache=model.allocate_cache(shape.rows, shape.slots), key_valid=key_valid, session=session,
             length=torch.zeros(shape.rows, **long), done=torch.ones(G, **long), tokens=torch.zeros(G, padded, **long),
             per_cell=torch.ones(G, padded, dtype=torch.int32, device=device), noise=depth_noise(draws, plan, V),
+            position=PositionNoise.allocate(G, padded, V, device),  # root + depth + 1 < N + 2 (depth + 1)
             uniforms=torch.full((G, shape.image_tokens, shape.depth, width + 1), 0.5, device=device),
             iteration=torch.zeros(G, **long),
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),
@@ -191,7 +209,8 @@ class TreeState:
             cache=self.cache.keep_rows(rows), key_valid=key_valid, session=self.session.keep_rows(rows, key_valid),
             length=self.length.index_select(0, index), done=self.done.index_select(0, keep),
             tokens=self.tokens.index_select(0, keep), per_cell=self.per_cell.index_select(0, keep),
-            noise=split_noise(draws, sizes), uniforms=keep_rows(self.uniforms, images),
+            noise=split_noise(draws, sizes), position=self.position.keep_rows(keep),
+            uniforms=keep_rows(self.uniforms, images),
             iteration=self.iteration.index_select(0, keep),
             neighbors=self.neighbors, histogram=self.histogram.index_select(0, keep), by_node=self.by_node,
             absorbed=self.absorbed, relaxed=self.relaxed, forwards_per_iteration=self.forwards_per_iteration,
@@ -232,17 +251,33 @@ def walk_uniforms_shape(trees: int, tree: DraftTree) -> tuple[int, int, int]:
 def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length: int | torch.Tensor, tree: DraftTree,
                 dist, spec, generator: torch.Generator | None, neighbors: torch.Tensor | None,
                 root_index: int | torch.Tensor, uniforms: torch.Tensor | None = None,
-                window: int | None = None) -> Verification:
+                window: int | None = None, exp: torch.Tensor | None = None) -> Verification:
     """One target forward over G trees (rows = G, or 2G with CFG) at cache length `length`, then the walk
-    under `spec.relaxation`. `length` and `root_index` may be device tensors, with `window` the static key
-    extent; `uniforms` (`walk_uniforms_shape`) replaces the draw from `generator`."""
+    under `spec.relaxation` and `spec.exact_rule`. `length` and `root_index` may be device tensors, with
+    `window` the static key extent; `uniforms` (`walk_uniforms_shape`) replaces the draw from `generator`, and
+    `exp` (G, depth+1, V) the position noise (Exp(1) values) of image tokens root+1 .. root+depth+1 the
+    seeds of `generator` give (`position_noise.image_keys`)."""
     rows, G = key_valid.shape[0], tree.tokens.shape[0]
     hidden = forward_tree(model, cache, key_valid, length, per_row(tree.tokens, rows), tree, window)
     logits = model.logits(hidden)  # (rows, n+1, V)
     index = index_tensor(root_index, logits.device) + 1 + tree.depths  # (n+1,) or (G, n+1)
     greedy = dist.sampling.greedy
+    if greedy and (spec.relaxation is None or spec.relaxation.exact):  # the argmax is the draw: AR's own rule
+        draws = dist.combine(logits, index).argmax(-1)  # (G, n+1)
+        walk = walk_same_as_ar(draws, tree.parents, tree.depths, tree.mask, tree.tokens, tree.depth, tree.paths)
+        return Verification(walk, hidden)
+    if uses_same_as_ar(spec, dist.sampling):
+        combined = dist.combine(logits, index)  # (G, n+1, V)
+        if exp is None:  # eager callers with generators: a table for these positions only
+            positions = tree_positions(root_index, tree.depth, logits.device)
+            noise = PositionNoise.of(generator, G, int(positions.max()) + 1, combined.shape[-1], logits.device)
+            exp = noise.exp_at(positions, race_dtype(combined))
+        per_node = exp.take_along_dim(tree.depths.expand(G, -1)[..., None], dim=1)  # (G, n+1, V)
+        draws = race(combined, dist.sampling, per_node)  # (G, n+1) the target's draw after each node
+        walk = walk_same_as_ar(draws, tree.parents, tree.depths, tree.mask, tree.tokens, tree.depth, tree.paths)
+        return Verification(walk, hidden)
     target = dist.combine(logits, index) if greedy else dist(logits, index)  # (G, n+1, V)
-    if uniforms is None:
+    if uniforms is None and not greedy:
         uniforms = torch.rand(walk_uniforms_shape(G, tree), generator=generator, device=logits.device)
     if greedy and spec.relaxation is not None and tree.parents.dim() == 2:  # relaxed greedy on dynamic trees
         walk = walk_longest_path(target, tree.parents, tree.depths, tree.mask, tree.tokens, tree.depth,
@@ -251,6 +286,12 @@ def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length:
         walk = walk_tree(target, tree.children, tree.tokens, tree.depth, uniforms, tree.log_q, greedy,
                          spec.relaxation, neighbors, tree.widths)
     return Verification(walk, hidden)
+
+
+def tree_positions(root_index: int | torch.Tensor, depth: int, device: torch.device) -> torch.Tensor:
+    """Image-token indices root+1 .. root+depth+1 ((1, depth+1), or (G, depth+1) for per-tree roots): the
+    positions a tree's nodes at depths 0 .. depth draw for."""
+    return index_tensor(root_index, device) + torch.arange(1, depth + 2, device=device)
 
 
 def split_noise(draws: torch.Tensor | None, sizes: list[torch.Size]) -> list[torch.Tensor]:
@@ -290,16 +331,23 @@ def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> 
     active = state.done < N  # (G,) images still decoding before this iteration
     root_index = state.done - 1  # (G,) image-token index of each root
     root = state.tokens.gather(1, root_index[:, None])[:, 0]  # (G,)
-    table = state.uniforms
-    row = state.iteration.clamp(max=table.shape[1] - 1)[:, None, None, None].expand(-1, 1, *table.shape[2:])
-    uniforms = table.gather(1, row)[:, 0]  # (G, depth, C + 1) this iteration's
+    uniforms = None
+    if not shape.same_as_ar and not shape.sampling.greedy:  # the residual and relaxed rules' walk uniforms
+        table = state.uniforms
+        row = state.iteration.clamp(max=table.shape[1] - 1)[:, None, None, None].expand(-1, 1, *table.shape[2:])
+        uniforms = table.gather(1, row)[:, 0]  # (G, depth, C + 1) this iteration's
+    noise, exp = state.noise or None, None
+    if shape.same_as_ar:  # Exp(1) values of positions root+1 .. root+depth+1 (G, depth+1, V), from the seeds
+        exp = state.position.exp_at(tree_positions(root_index, depth, root.device))
+        if not shape.dynamic:  # a depth-d sibling race uses its position's values, shared by all its parents
+            noise = [exp[:, d - 1:d].expand(-1, ctx.plan.parents_at[d].numel(), -1) for d in range(1, depth + 1)]
     if shape.dynamic:
         tree = draft_dynamic(session, ctx.model, shape.tree, root, root_index, ctx.dist, windows.draft)
     else:
         tree = draft_static(session, ctx.model, ctx.plan, root, root_index, ctx.dist, shape.sampling.greedy, None,
-                            state.noise or None, windows.draft)
+                            noise, windows.draft, keep_laws=not (shape.same_as_ar or shape.sampling.greedy))
     check = verify_tree(ctx.model, state.cache, state.key_valid, state.length, tree, ctx.dist, shape, None,
-                        state.neighbors, root_index, uniforms, windows.verify)
+                        state.neighbors, root_index, uniforms, windows.verify, exp)
     walk = check.walk
     accepted = walk.accepted  # (G,) drafted tokens accepted
     count = accepted + 1  # (G,) tokens each image adds (drafts + bonus)
@@ -323,6 +371,8 @@ def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> 
     # run counters of the images still decoding, on the device
     state.histogram.scatter_add_(1, accepted[:, None], active.long()[:, None])
     state.by_node.index_add_(0, node.reshape(-1), ((path >= 0) & active[:, None]).long().reshape(-1))
-    absorbed = walk.absorbed * active[:, None]  # (G, depth) zero past the accepted drafts and for done images
-    state.absorbed.copy_(torch.stack([state.absorbed[0] + absorbed.sum(), torch.maximum(state.absorbed[1], absorbed.max())]))
-    state.relaxed.add_((absorbed > 0).sum())
+    if shape.relaxation is not None and not shape.relaxation.exact:  # an exact rule absorbs nothing
+        absorbed = walk.absorbed * active[:, None]  # (G, depth) zero past the accepted drafts and for done images
+        state.absorbed.copy_(torch.stack([state.absorbed[0] + absorbed.sum(),
+                                          torch.maximum(state.absorbed[1], absorbed.max())]))
+        state.relaxed.add_((absorbed > 0).sum())

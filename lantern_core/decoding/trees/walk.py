@@ -5,7 +5,10 @@ Inputs are per-node target distributions (already CFG-combined and filtered), th
 and, for sampled trees, the drafter distribution each node's children were drawn from. Greedy decoding
 (temperature 0) accepts a child iff it is the argmax of the (relaxed) target, LANTERN's greedy rule,
 and the bonus is the argmax at the last accepted node. On the CPU, where reading a tensor costs no
-device sync, the loops stop as soon as every row has stopped. Drafting and KV bookkeeping are elsewhere.
+device sync, the loops stop as soon as every row has stopped. `walk_same_as_ar` is the default lossless
+rule for sampled trees: a node is accepted iff its token is the target's own draw after its parent (AR's
+Gumbel race at that position), so the tokens are AR's; it has no loop at all. Drafting and KV bookkeeping
+are elsewhere.
 """
 from __future__ import annotations
 
@@ -97,6 +100,34 @@ def walk_tree(target: torch.Tensor, children: torch.Tensor, node_tokens: torch.T
         bonus = sample_from_probs(residual, uniforms[:, -1, -1])
     accepted = (path >= 0).sum(-1) - 1
     return WalkResult(path, accepted, bonus, absorbed)
+
+
+def walk_same_as_ar(draws: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, mask: torch.Tensor,
+                    node_tokens: torch.Tensor, depth: int, paths: torch.Tensor | None = None) -> WalkResult:
+    """The AR-identical walk. draws (G, n+1): the token the target draws after each node (`sampling.race`
+    with the position noise of the node's child position; the argmax when greedy); parents, depths (n+1,) or
+    (G, n+1), root parent -1; mask (n+1, n+1) or (G, n+1, n+1) ancestor-or-self; node_tokens (G, n+1); `paths`
+    (n+1, depth+1) the node ids from the root to each node of a static tree (else read off the mask). A node
+    passes iff its token is its parent's draw; the accepted path ends at the deepest node whose ancestors all
+    pass (siblings hold distinct tokens, so the passing nodes under the root form one chain); the bonus is that
+    node's draw. Each image thus emits exactly the tokens AR draws for it. Fixed-trip tensor code, no host read."""
+    G, n1 = node_tokens.shape
+    device = node_tokens.device
+    parents, depths = parents.expand(G, n1), depths.expand(G, n1)
+    passes = node_tokens[:, 1:] == draws.gather(1, parents[:, 1:])  # (G, n) nodes 1..n against their parents' draws
+    ok = ~(mask[..., 1:] & ~passes[:, None, :]).any(-1)  # (G, n+1): the node and every ancestor below the root pass
+    end = torch.where(ok, depths, -1).argmax(-1)  # (G,) the deepest accepted node
+    accepted = depths.gather(1, end[:, None])[:, 0]
+    if paths is not None:
+        path = paths[end]  # (G, depth+1)
+    else:
+        gi = torch.arange(G, device=device)
+        on_path = mask.expand(G, n1, n1)[gi, end]  # (G, n+1) ancestors-or-self of the end node
+        steps = torch.arange(depth + 1, device=device)
+        at_depth = on_path[:, None, :] & (depths[:, None, :] == steps[None, :, None])  # (G, depth+1, n+1)
+        path = torch.where(at_depth.any(-1), at_depth.float().argmax(-1), -1)  # (G, depth+1)
+    bonus = draws.gather(1, end[:, None])[:, 0]
+    return WalkResult(path, accepted, bonus, torch.zeros(G, depth, device=device))
 
 
 def relaxed_greedy_passes(scores: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, rule: Relaxation | None,
