@@ -62,6 +62,7 @@ class PromptFormat:
     uncond_suffix: tuple[str, ...] = ()
     pad_token: str | None = None
     negative: str = ""
+    quality: str = ""  # text the family's recipe appends to every prompt (Emu3's positive suffix), optional
 
     def __post_init__(self) -> None:
         if "{prompt}" not in self.template:
@@ -114,8 +115,8 @@ def emu3_visual_token(code: int) -> str:
 def emu3_format(rows: int, cols: int, bos_token: str = EMU3_SPECIAL["bos"]) -> PromptFormat:
     """Emu3's generation prompt for a grid of `rows` x `cols` codes (8 pixels each)."""
     suffix = (EMU3_SPECIAL["boi"], PlainText(f"{rows}*{cols}"), EMU3_SPECIAL["img"])
-    return PromptFormat(template="{prompt}" + EMU3_POSITIVE, suffix=suffix, uncond="negative",
-                        bos_token=bos_token, negative=EMU3_NEGATIVE)
+    return PromptFormat(template="{prompt}", suffix=suffix, uncond="negative", bos_token=bos_token,
+                        negative=EMU3_NEGATIVE, quality=EMU3_POSITIVE)
 
 
 def load_tokenizer(path: str | Path):
@@ -178,9 +179,20 @@ class PromptEncoder:
         """The same tokenizer with another template (Lumina-mGPT's prompt for another image size)."""
         return PromptEncoder(self.tokenizer, fmt, self.source)
 
-    def token_ids(self, prompt: str) -> list[int]:
-        """BOS + templated text + the suffix (ending with the image-start token)."""
-        return [self.bos_id] + self._text_ids(self.format.template.format(prompt=prompt)) + self.suffix
+    def with_quality(self, prompt: str, quality: bool = True) -> str:
+        """The prompt with the family's quality text appended (`PromptFormat.quality`: Emu3's " masterpiece, film
+        grained, best quality.", as BAAI's recipe does), unless `quality` is off or the prompt already ends
+        with it (typed by the user: never twice)."""
+        extra = self.format.quality
+        if not quality or not extra or prompt.rstrip().endswith(extra.strip()):
+            return prompt
+        return prompt + extra
+
+    def token_ids(self, prompt: str, quality: bool = True) -> list[int]:
+        """BOS + templated text (with the quality text, `with_quality`) + the suffix (ending with the
+        image-start token)."""
+        text = self.format.template.format(prompt=self.with_quality(prompt, quality))
+        return [self.bos_id] + self._text_ids(text) + self.suffix
 
     def uncond_ids(self, ids: list[int]) -> list[int]:
         if self.format.uncond == "pad_inner":
@@ -191,10 +203,10 @@ class PromptEncoder:
             return [self.bos_id] + self.negative + self.suffix
         return [self.bos_id] + self.uncond_suffix
 
-    def encode(self, prompts: list[str], device=None) -> Condition:
+    def encode(self, prompts: list[str], device=None, quality: bool = True) -> Condition:
         if not prompts:
             raise ConfigError("prompts", "at least one prompt", prompts)
-        cond = [self.token_ids(p) for p in prompts]
+        cond = [self.token_ids(p, quality) for p in prompts]
         uncond = [self.uncond_ids(ids) for ids in cond]
         ids, mask = _pad_left(cond, device)
         u_ids, u_mask = _pad_left(uncond, device)

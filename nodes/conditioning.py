@@ -65,18 +65,19 @@ def class_labels(model: LanternModel, text: str) -> tuple[list[int], list[str]]:
     return labels, described
 
 
-def encode(model: LanternModel, class_text: str, prompt: str, image_size: str = AUTO) -> LanternCond:
+def encode(model: LanternModel, class_text: str, prompt: str, image_size: str = AUTO,
+           quality_suffix: bool = True) -> LanternCond:
     expect_link("model", model, LanternModel, "Lantern: Load Model")
     grid = choose_grid(model, image_size)
     if grid is not None:  # only Lumina-mGPT and Emu3 get here: their prompts name the size
-        return encode_prompt(model, prompt, grid)
+        return encode_prompt(model, prompt, grid, quality_suffix)
     if model.config.model_type == "c2i":
         labels, described = class_labels(model, class_text)
         return LanternCond(described, labels=torch.tensor(labels, dtype=torch.long))
     if not prompt.strip():
         raise LanternError(f"'{model.name}' is a text-to-image model: write a prompt")
     if model.config.model_type == "prompt":
-        return encode_prompt(model, prompt)
+        return encode_prompt(model, prompt, quality=quality_suffix)
     runtime.place([model.text_encoder])
     from ..lantern_core.text_encoder import T5CaptionEncoder
 
@@ -87,16 +88,18 @@ def encode(model: LanternModel, class_text: str, prompt: str, image_size: str = 
     return LanternCond([prompt], caption=cond.caption.cpu(), caption_mask=cond.caption_mask.cpu())
 
 
-def encode_prompt(model: LanternModel, prompt: str, grid: tuple[int, int] | None = None) -> LanternCond:
+def encode_prompt(model: LanternModel, prompt: str, grid: tuple[int, int] | None = None,
+                  quality: bool = True) -> LanternCond:
     """Prompted families: the model's own tokenizer and template, with its unconditional (CFG) row;
-    `grid` (rows, cols): the template for that size (Lumina-mGPT, Emu3) instead of the loaded one."""
+    `grid` (rows, cols): the template for that size (Lumina-mGPT, Emu3) instead of the loaded one; `quality`:
+    the family's quality text after the prompt (Emu3's positive suffix; `PromptEncoder.with_quality`)."""
     from ..lantern_core.loading.families import format_for_grid
 
     if not prompt.strip():
         raise LanternError(f"'{model.name}' is a text-to-image model: write a prompt")
     encoder = (model.prompt_encoder if grid is None
                else model.prompt_encoder.with_format(format_for_grid(model.layout, *grid, model.prompt_encoder.format)))
-    condition = encoder.encode([prompt])
+    condition = encoder.encode([prompt], quality=quality)
     limit = model.config.cls_token_num
     if condition.prompt_ids.shape[1] > limit:
         raise ConfigError("prompt", f"at most {limit} tokens with the {model.family} template",
@@ -134,10 +137,15 @@ class LanternConditioning(io.ComfyNode):
                                        "steps), Emu3 any aspect ratio in 8-pixel steps (its 720 x 720 area at 1:1, "
                                        "4:3, 3:2, 16:9, 21:9 and their portraits are listed); 'auto' is each "
                                        "model's own size (LlamaGen, Anole and Janus-Pro draw only that one)."),
+                io.Boolean.Input("quality_suffix", default=True,
+                                 tooltip="Emu3: append BAAI's positive suffix ' masterpiece, film grained, best "
+                                         "quality.' to the prompt, as BAAI's recipe does (never twice: a prompt that "
+                                         "already ends with it is left as it is). Other models ignore it."),
             ],
             outputs=[LanternCondType.Output(display_name="conditioning", tooltip="Feed into Lantern: Sampler.")],
         )
 
     @classmethod
-    def execute(cls, model: LanternModel, class_name: str, prompt: str, image_size: str = AUTO) -> io.NodeOutput:
-        return io.NodeOutput(encode(model, class_name, prompt, image_size))
+    def execute(cls, model: LanternModel, class_name: str, prompt: str, image_size: str = AUTO,
+                quality_suffix: bool = True) -> io.NodeOutput:
+        return io.NodeOutput(encode(model, class_name, prompt, image_size, quality_suffix))

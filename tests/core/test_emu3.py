@@ -75,6 +75,12 @@ def test_the_prompt_is_what_emu3s_processor_writes_tokenised_by_tiktoken(emu3):
     for prompt in ("a red cat", "the cat**  on the grass\n"):
         text = "<|extra_203|>" + prompt + EMU3_POSITIVE + image_prompt  # its processor's string, BOS first
         assert encoder.token_ids(prompt) == official.encode(text, allowed_special="all")
+    # the positive suffix is optional, and a prompt that already ends with it does not get it twice
+    plain = "<|extra_203|>" + "a red cat" + image_prompt
+    assert encoder.token_ids("a red cat", quality=False) == official.encode(plain, allowed_special="all")
+    assert encoder.token_ids("a red cat" + EMU3_POSITIVE) == encoder.token_ids("a red cat")
+    assert encoder.encode(["a red cat"], quality=False).prompt_ids[0].tolist()[-len(official.encode(
+        plain, allowed_special="all")):] == official.encode(plain, allowed_special="all")
     negative = "<|extra_203|>" + EMU3_NEGATIVE + image_prompt
     cond = encoder.encode(["a red cat"])
     assert cond.uncond_ids[0][cond.uncond_mask[0]].tolist() == official.encode(negative, allowed_special="all")

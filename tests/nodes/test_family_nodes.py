@@ -223,6 +223,13 @@ def test_emu3_folders_in_both_layouts_draw_the_chosen_size_and_decode(node, fold
         cond = node["LanternConditioning"].execute(model=model, class_name="0", prompt="a red cat",
                                                    image_size="32x24").args[0]
         assert cond.grid == (3, 4)
+        bare = node["LanternConditioning"].execute(model=model, class_name="0", prompt="a red cat",
+                                                   image_size="32x24", quality_suffix=False).args[0]
+        typed = node["LanternConditioning"].execute(model=model, class_name="0",
+                                                    prompt="a red cat masterpiece, film grained, best quality.",
+                                                    image_size="32x24").args[0]
+        ids = lambda c: c.prompt.prompt_ids[0][c.prompt.prompt_mask[0]].tolist()  # noqa: E731
+        assert len(ids(bare)) < len(ids(cond)) and ids(typed) == ids(cond)  # optional, and never twice
         tokens = node["LanternSampler"].execute(model=model, conditioning=cond, decoding=dec, cfg=3.0,
                                                 temperature=1.0, top_k=20, top_p=1.0, seed=4, batch_size=1).args[0]
         grid = tokens.tokens.view(3, 5)
