@@ -6,7 +6,8 @@
 #       ones; no Inductor), iteration_cost on GPT-XL (every mode, compile graphs and auto), ar on GPT-XL at batch 1,
 #       speculative on the embedded model (4 images), quantization of the 7B shape at batch 1 (fused matmul)
 #   OUT=$OUT PART=2 bash bench/gpu_check.sh   # optional (at most 9 minutes): decode_counts, the rest of ar
-#       (ar_rest_*), batched, families, prefix_states, decode, the whole quantization table (quantization_rest_*)
+#       (ar_rest_*), same_seed (the lossless trees' bf16 / float32 tokens against AR's, eager and replayed, with
+#       the near-tie flip rate), batched, families, prefix_states, decode, the whole quantization table
 #   OUT=$OUT PART=3 bash bench/gpu_check.sh   # optional (at most 9 minutes): test-cuda-rest, every other CUDA test
 #       (Inductor-compiled steps, sync checks, reservations: the first GPU run got through 3 of them in 90 s)
 # PART=all (the default) runs all three, for local use. Every step runs under `timeout` with a budget its arguments can
@@ -47,7 +48,8 @@ STEPS="
 1 speculative        50
 1 quantization       60
 2 decode_counts      40
-2 ar-rest           130
+2 ar-rest           105
+2 same_seed          20
 2 batched            75
 2 families           90
 2 prefix_states      30
@@ -127,6 +129,9 @@ step_command() {  # CMD: step $1's command, with the GPU's arguments or (dry) ti
       gpu=(--dtype bfloat16 --images 4 --round 4 --only eagle2 static_tree "lantern delta=0.1" "lantern_pp lambda=5"
            "sjd_coupled 2-D" "sjd continuation proactive")
       tiny=(--images 1 --round 1 --only "sjd_coupled 2-D") ;;
+    same_seed)  # bf16 and float32 tokens of the lossless trees against AR's, eager and replayed
+      gpu=(--dtype bfloat16 float32 --compile off graphs --images 2)
+      tiny=(--dtype float32 --images 1 --only static_tree) ;;
     batched)
       gpu=(--dtype bfloat16 --images 8 --round 4 --batches 1 4 --only eagle2 static_tree lantern_pp "sjd_coupled 2-D"
            sjd_2d_relaxed)

@@ -268,7 +268,7 @@ def run_generate(args: argparse.Namespace) -> dict:
     save_png(images, paths)
     drafter_shown = drafter_name if built.needs_drafter else "none (training-free)"
     payload = stats_payload(result, args.decoding, built.label, drafter_shown, target.conditions,
-                            same_image_as_ar(built.spec, sampling))
+                            same_image_as_ar(built.spec, sampling, target.model.tok_embeddings.weight.dtype))
     return {"images": [str(p) for p in paths], "conditions": target.conditions, "stats": payload,
             "summary": result.stats.summary(), "model": str(args.model or args.gpt), "notes": target.notes}
 

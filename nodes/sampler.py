@@ -90,10 +90,10 @@ def _preview_decoder(model: LanternModel, config, device: torch.device):
 
 
 def stats_payload(result: GenerationResult, decoding: LanternDecoding, descriptions: list[str],
-                  sampling: SamplingConfig) -> dict:
+                  sampling: SamplingConfig, dtype: torch.dtype) -> dict:
     drafter = decoding.drafter.name if decoding.drafter else "none (training-free)"
     return report.stats_payload(result, decoding.mode, decoding.tree_label, drafter, descriptions,
-                                report.same_image_as_ar(decoding.spec, sampling))
+                                report.same_image_as_ar(decoding.spec, sampling, dtype))
 
 
 stats_text = report.stats_text
@@ -154,7 +154,7 @@ def sample(model: LanternModel, cond: LanternCond, decoding: LanternDecoding | N
         generators = make_generators(seed, condition.batch, device)
         with step_graphs.reporting(runtime.progress_text()):  # a first Inductor compile says so on the node
             result = _decode(gpt, decoding, condition, sampling, generators, neighbors, on_step)
-    payload = stats_payload(result, decoding, descriptions, sampling)
+    payload = stats_payload(result, decoding, descriptions, sampling, gpt.tok_embeddings.weight.dtype)
     return LanternTokens(result.tokens.cpu(), model, payload, cond.grid), payload
 
 

@@ -31,7 +31,7 @@ from ..models.gpt import ForwardStep, LlamaGenGPT
 from ..models.kv_cache import attention_mask
 from ..decoding.sampling import make_generators
 from ..decoding.cost_curve import verify_times
-from .report_writer import Report, merged_steps, step_cells, step_fields, write_report
+from .report_writer import Report, merged_steps, step_cells, step_fields
 
 log = logging.getLogger("lantern_core.benchmarks.ar")
 VERIFY_SIZES = (1, 4, 8, 16, 32, 64)

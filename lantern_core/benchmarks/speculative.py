@@ -102,6 +102,10 @@ def methods(lantern_k: int = 1000, pp_k: int = 10) -> list[Method]:
              Method("sjd continuation proactive 4 (SJD-PAC)", JacobiConfig("auto", init="sample_left",
                                                                           continuation=True, proactive=4)),
              Method("sjd_coupled random init", JacobiConfig("auto", coupled=True, init="random")),
+             Method("sjd w8", JacobiConfig(8, init="sample_left")),
+             Method("sjd w8 (residual rule)", JacobiConfig(8, init="sample_left", exact_rule="residual")),
+             Method("sjd_coupled w8", JacobiConfig(8, **coupled)),
+             Method("sjd_coupled w8 (residual rule)", JacobiConfig(8, **coupled, exact_rule="residual")),
              Method("sjd_coupled repeat_above", JacobiConfig("auto", coupled=True, init="repeat_above"))]
     rows += [Method(f"sjd_relaxed lambda={lam:g} k={pp_k}", JacobiConfig("auto", **coupled, relaxation=Relaxation(k=pp_k, lam=lam)))
              for lam in (5.0, 10.0)]

@@ -331,7 +331,7 @@ def _dry_jacobi(model: ImageTransformer, make_prefix, config: JacobiConfig, samp
         context = JacobiContext(model, shape, dist)
         first_p = context.target(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long, device=META))[:, 0]
         state.start_image(T, first_p.argmax(-1), first_p)
-        draw_position_noise(state, [None] * G)
+        draw_position_noise(state, [None] * G, shape.same_as_ar)
         if not sampling.greedy:
             fill_per_image(state.uniforms, [None] * G)
         _, keys = jacobi_window(_last_length(T, model), shape, layout.exact, layout.compiled)

@@ -17,7 +17,7 @@ from lantern_core.decoding.ar_step import (SLOT_BUCKET, ARShape, ar_step,
                                            window_for, windows)
 from lantern_core.decoding.generate import eager_ar_runner, generate, reset_for_warmup
 from lantern_core.decoding.acceptance.position_noise import key_tensor
-from lantern_core.decoding.sampling import combine_cfg, draw_uniforms, make_generators, pick_tokens
+from lantern_core.decoding.sampling import combine_cfg, make_generators, pick_tokens
 from lantern_core.errors import ConfigError
 from lantern_core.models.gpt import ForwardStep
 from stand_in_graphs import use_stand_in_graphs

@@ -13,7 +13,7 @@ from tolerances import assert_close_to_reference, float64_copy, model_tolerance
 from lantern_core.loading.checkpoints import load_gpt, load_vq
 from lantern_core.config import GPTConfig, VQ_PRESETS, gpt_preset
 from lantern_core.errors import CheckpointError
-from lantern_core.models.gpt import ForwardStep, LlamaGenGPT
+from lantern_core.models.gpt import LlamaGenGPT
 from lantern_core.models.vq import VQModel
 
 # A preset width (GPT-B, 768) so heads are inferred as for official files; one layer keeps it small.

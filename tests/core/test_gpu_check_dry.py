@@ -27,7 +27,8 @@ REPORTS = {"decode_counts": r"decode_counts_cpu_bfloat16", "ar": r"ar_cpu_float3
            "iteration_cost": r"iteration_cost_cpu_float32", "speculative": r"speculative(_[\w.=-]+)?_cpu_float32",
            "batched": r"batched_cpu_float32", "families": r"families_cpu_float32",
            "prefix_states": r"prefix_states_cpu_float32", "decode": r"decode_cpu_float32",
-           "quantization": r"quantization_cpu_bfloat16", "quantization-rest": r"quantization_rest_cpu_bfloat16"}
+           "quantization": r"quantization_cpu_bfloat16", "quantization-rest": r"quantization_rest_cpu_bfloat16",
+           "same_seed": r"same_seed_cpu_float32"}
 
 
 def steps() -> list[tuple[str, str, int]]:

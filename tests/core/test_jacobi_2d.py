@@ -92,29 +92,33 @@ def test_a_batch_mixing_classes_keeps_each_class_law():
     assert pooled_pvalue(law_other, tokens[1::2]) > PASS
 
 
-def test_accepting_a_lower_window_draft_before_the_frontier_tests_it_is_rejected(monkeypatch):
+@pytest.mark.parametrize("rule", ["same_as_ar", "residual"])
+def test_accepting_a_lower_window_draft_before_the_frontier_tests_it_is_rejected(monkeypatch, rule):
     """The wrong rule: when the frontier accepts its whole window, the token after the run is the next row's
-    window's draft for that position (drafted ahead, never tested) instead of a draw from the target."""
+    window's draft for that position (drafted ahead, never tested) instead of a draw from the target (under the
+    AR-identical judge and the residual one)."""
     seen = {}
-    real_refill, real_judge = jacobi_step.refill, jacobi_step.judge_run
+    real_refill = jacobi_step.refill
+    judge_name = "judge_same_as_ar" if rule == "same_as_ar" else "judge_run"
+    real_judge = getattr(jacobi_step, judge_name)
 
     def refill(ctx, state, uniforms):
         seen["state"] = state
         return real_refill(ctx, state, uniforms)
 
-    def judge_run(p, q, drafts, uniforms, width, *args, **kwargs):
-        verdict = real_judge(p, q, drafts, uniforms, width, *args, **kwargs)
+    def judge(*args, **kwargs):
+        verdict = real_judge(*args, **kwargs)
         state = seen["state"]
-        W = drafts.shape[1]
+        W = state.drafts.shape[1]
         ahead = state.canvas.gather(1, (state.done + W)[:, None])[:, 0]  # the lower window's draft at offset W
         verdict.token = torch.where(verdict.accepted == W, ahead, verdict.token)
         return verdict
 
     monkeypatch.setattr(jacobi_step, "refill", refill)
-    monkeypatch.setattr(jacobi_step, "judge_run", judge_run)
+    monkeypatch.setattr(jacobi_step, judge_name, judge)
     case = CASES["sjd_2x2_cfg_row_causal_below"]
-    wrong = Case(case.weights, JacobiConfig(1, rows=2, row_window=1, row_offset=-1, row_causal=True), case.sampling,
-                 2500)
+    wrong = Case(case.weights, JacobiConfig(1, rows=2, row_window=1, row_offset=-1, row_causal=True, exact_rule=rule),
+                 case.sampling, 2500)
     assert pooled_pvalue(law_for(wrong.weights, wrong.sampling), decode(wrong)) < FAIL
 
 

@@ -1,6 +1,7 @@
 """(Coupled) speculative Jacobi decoding is lossless, with uniform, sampled and copied initial drafts: 20,000 whole images (a 2x2 token grid, so every
 token of every image counts) from a tiny 8-token model, through the real decoding loop, match the
-model's autoregressive joint law by chi-square; the same test rejects a deliberately wrong residual."""
+model's autoregressive joint law by chi-square, under the AR-identical rule (the default) and the residual rule;
+the same test rejects a deliberately wrong residual, and a judge that races every position with one noise."""
 import pytest
 import torch
 from scipy.stats import chi2
@@ -60,7 +61,11 @@ def pvalue(model, config: JacobiConfig, seed: int, samples: int = SAMPLES) -> tu
 
 LOSSLESS = {"sjd": JacobiConfig(window=3), "coupled": JacobiConfig(window=3, coupled=True),
             "sjd repeat_above": JacobiConfig(window=3, init="repeat_above"),
-            "coupled sample_left": JacobiConfig(window=3, coupled=True, init="sample_left")}
+            "coupled sample_left": JacobiConfig(window=3, coupled=True, init="sample_left"),
+            # the residual rule (min(1, p/q), a residual draw at the first rejection), kept as an option
+            "sjd residual": JacobiConfig(window=3, exact_rule="residual"),
+            "coupled residual": JacobiConfig(window=3, coupled=True, exact_rule="residual"),
+            "sjd repeat_above residual": JacobiConfig(window=3, init="repeat_above", exact_rule="residual")}
 
 
 @pytest.mark.parametrize("name", list(LOSSLESS))
@@ -70,8 +75,19 @@ def test_jacobi_samples_the_autoregressive_law(model, name):
     assert p > 1e-3, p
 
 
-@pytest.mark.parametrize("name", ["sjd", "coupled", "sjd repeat_above"])
+@pytest.mark.parametrize("name", ["sjd residual", "coupled residual", "sjd repeat_above residual"])
 def test_the_same_test_rejects_a_residual_that_ignores_the_draft(model, name, monkeypatch):
     monkeypatch.setattr(jacobi_judge, "residual_distribution", lambda p, q: p)  # resample from p: biased
     p, _ = pvalue(model, LOSSLESS[name], seed=5, samples=5_000)  # a quarter of the samples already suffices
+    assert p < 1e-6, p
+
+
+def test_the_same_test_rejects_a_judge_that_races_every_position_with_one_noise(model, monkeypatch):
+    """The AR-identical judge draws AR's token at each window position with that position's noise; reading the
+    noise of the window's first position everywhere (a plausible indexing slip) is not AR's law."""
+    import lantern_core.decoding.jacobi.iteration as jacobi_iteration
+    real = jacobi_iteration.position_noise
+    monkeypatch.setattr(jacobi_iteration, "position_noise",
+                        lambda state, positions: real(state, positions[:, :1].expand_as(positions)))
+    p, _ = pvalue(model, LOSSLESS["coupled"], seed=5, samples=5_000)
     assert p < 1e-6, p

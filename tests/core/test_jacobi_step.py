@@ -1,5 +1,6 @@
 """The static-shape Jacobi iteration (`decoding/jacobi/iteration.py`): the same tokens as the step-by-step
-decoder it replaced (tests/reference_jacobi.py) for SJD, coupled SJD, every initialisation, LANTERN (delta,
+decoder it replaced (tests/reference_jacobi.py, the residual rule: `exact_rule="residual"`; the AR-identical
+default is checked against AR itself in test_same_as_ar.py) for SJD, coupled SJD, every initialisation, LANTERN (delta,
 lambda) and GSD relaxed Jacobi, greedy, c2i and left-padded t2i, including the shrinking window at the end
 of the image; the same tokens through the window bands a capturing device uses (stand-in graphs on the
 CPU); and an iteration that traces with `torch.compile(fullgraph=True)` and decodes a second image without
@@ -32,11 +33,12 @@ WIDE_C2I = GPTConfig(dim=64, n_layer=2, n_head=4, vocab_size=48, model_type="c2i
 SAMPLED = SamplingConfig(cfg_scale=3.0, temperature=1.0, top_k=20)
 GREEDY = SamplingConfig(cfg_scale=3.0, cfg_interval=30, temperature=0.0)
 MODES = {  # name: (config, sampling, neighbour table needed)
-    "sjd": (JacobiConfig(window=7), SAMPLED, False),
-    "sjd_sample_left": (JacobiConfig(window=6, init="sample_left"), SAMPLED, False),
-    "sjd_repeat_above": (JacobiConfig(window=13, init="repeat_above"), SAMPLED, False),
-    "coupled": (JacobiConfig(window=8, coupled=True), SAMPLED, False),
-    "coupled_repeat_left": (JacobiConfig(window=5, coupled=True, init="repeat_left"), SAMPLED, False),
+    "sjd": (JacobiConfig(window=7, exact_rule="residual"), SAMPLED, False),
+    "sjd_sample_left": (JacobiConfig(window=6, init="sample_left", exact_rule="residual"), SAMPLED, False),
+    "sjd_repeat_above": (JacobiConfig(window=13, init="repeat_above", exact_rule="residual"), SAMPLED, False),
+    "coupled": (JacobiConfig(window=8, coupled=True, exact_rule="residual"), SAMPLED, False),
+    "coupled_repeat_left": (JacobiConfig(window=5, coupled=True, init="repeat_left", exact_rule="residual"), SAMPLED,
+                            False),
     "greedy": (JacobiConfig(window=8, init="repeat_above"), GREEDY, False),
     "lantern_delta": (JacobiConfig(window=8, coupled=True, relaxation=Relaxation(k=8, delta=0.5)), SAMPLED, True),
     "lantern_pp": (JacobiConfig(window=8, init="sample_left", relaxation=Relaxation(k=8, lam=6.0)), SAMPLED, True),
@@ -96,7 +98,7 @@ def test_left_padded_prompts_match_the_step_by_step_decoder():
     model = random_gpt(TINY_T2I, seed=5)
     caption = torch.randn(2, 6, 24, generator=torch.Generator().manual_seed(9))
     mask = torch.tensor([[False, False, True, True, True, True], [True] * 6])
-    config = JacobiConfig(window=5, coupled=True, init="repeat_above")
+    config = JacobiConfig(window=5, coupled=True, init="repeat_above", exact_rule="residual")
     got = jacobi_generate(model, Condition(caption=caption, caption_mask=mask), SAMPLED, config,
                           make_generators(2, 2), compile="off")
     for i in range(2):

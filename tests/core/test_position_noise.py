@@ -97,3 +97,10 @@ def test_a_position_past_the_table_is_refused_not_read_out_of_bounds():
     noise = PositionNoise.of(make_generators(1, 2), 2, 10, 8, "cpu")
     with pytest.raises(RuntimeError):
         noise.bits_at(torch.tensor([9, 12]))
+
+
+def test_a_shared_generator_repeated_in_a_list_still_gives_each_image_its_own_key():
+    shared = torch.Generator().manual_seed(5)
+    assert image_keys([shared] * 3, 3) == [5, 6, 7] == image_keys(shared, 3)
+    other = torch.Generator().manual_seed(9)
+    assert image_keys([shared, other, shared], 3) == [5, 9, 7]

@@ -22,7 +22,7 @@ from lantern_core.decoding.trees.specs import NAIVE_EXTEND_57
 from lantern_core.errors import CheckpointError, ConfigError
 from lantern_core.loading.checkpoint_io import write_safetensors
 from lantern_core.loading.checkpoints import load_gpt
-from lantern_core.models.quantized import (SCHEMES, QuantizedLinear, quantize_blocks, quantize_weight, resident_bytes,
+from lantern_core.models.quantized import (SCHEMES, quantize_blocks, quantize_weight, resident_bytes,
                                            scheme_named, weights_scheme)
 from tests.tiny_models import TINY_C2I, TINY_GQA, random_drafter, random_gpt
 from tests.tolerances import assert_close_to_reference, float64_copy, model_tolerance

@@ -1,9 +1,12 @@
-"""Same seed, same picture: every lossless tree decoder emits plain AR's tokens for a seed, token for token, in
-float64 on the embedded model and drafter (which accept about three tokens a forward, so long accepted paths,
-rejections and bonus tokens all happen), whatever the tree, the batch position, the rule's layout (the CPU's
-exact windows or the GPU path's bands and fixed trips) or greedy decoding. The residual rule, kept as an option,
-samples the same law but not the same picture (the control that the comparison can fail)."""
+"""Same seed, same picture: every lossless tree decoder and Jacobi window (1-D and 2-D, coupled or not) emits plain
+AR's tokens for a seed, token for token, in float64 on the embedded model and drafter (which accept about three
+tokens a forward, so long accepted paths, rejections and bonus tokens all happen), whatever the tree or window, the
+batch position, the layout (the CPU's exact windows or the GPU path's bands and fixed trips) or greedy decoding.
+The residual rules, kept as options, sample the same law but not the same picture (the controls that the
+comparison can fail)."""
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -13,6 +16,8 @@ from lantern_core.config import SamplingConfig
 from lantern_core.decoding.acceptance.neighbors import build_neighbors
 from lantern_core.decoding.acceptance.relaxation import Relaxation
 from lantern_core.decoding.generate import generate
+from lantern_core.decoding.jacobi.config import JacobiConfig
+from lantern_core.decoding.jacobi.driver import jacobi_generate
 from lantern_core.decoding.sampling import make_generators
 from lantern_core.decoding.step_graphs import gpu_path
 from lantern_core.decoding.trees.config import SpeculativeConfig
@@ -56,23 +61,23 @@ def ar_tokens(model, sampling: SamplingConfig) -> torch.Tensor:
     return _AR[sampling]
 
 
-def tree_run(models, spec, sampling, labels=LABELS, seed=SEED, layout="exact"):
+def speculative_run(models, spec, sampling, labels=LABELS, seed=SEED, layout="exact"):
+    """A tree or Jacobi decoder's result for `labels` (seeds seed, seed + 1, ...), in the CPU's layout or the GPU path's."""
     model, drafter, neighbors = models
-
-    def run():
+    context = gpu_path() if layout == "gpu path" else contextlib.nullcontext()
+    with context:
+        if isinstance(spec, JacobiConfig):
+            return jacobi_generate(model, Condition.classes(labels), sampling, spec, make_generators(seed, len(labels)),
+                                   compile="off")
         return speculative_generate(model, drafter, Condition.classes(labels), sampling, spec,
                                     make_generators(seed, len(labels)), neighbors if spec.relaxation else None,
                                     compile="off")
-    if layout == "gpu path":
-        with gpu_path():
-            return run()
-    return run()
 
 
 @pytest.mark.parametrize("name", sorted(MODES))
 def test_lossless_trees_give_ar_tokens_for_the_seed(embedded, name):
     model = embedded[0]
-    result = tree_run(embedded, MODES[name], SAMPLED)
+    result = speculative_run(embedded, MODES[name], SAMPLED)
     assert torch.equal(result.tokens, ar_tokens(model, SAMPLED)), name
     assert result.stats.mean_accepted_length > 1.5  # drafts were accepted: the walk, not only bonus tokens, spoke
 
@@ -83,15 +88,15 @@ def test_filters_the_gpu_layout_and_batch_positions_keep_ar_tokens(embedded, nam
     alone with seed + 2."""
     model = embedded[0]
     expected = ar_tokens(model, FILTERED)
-    assert torch.equal(tree_run(embedded, MODES[name], FILTERED, layout="gpu path").tokens, expected)
-    alone = tree_run(embedded, MODES[name], FILTERED, labels=LABELS[2:], seed=SEED + 2)
+    assert torch.equal(speculative_run(embedded, MODES[name], FILTERED, layout="gpu path").tokens, expected)
+    alone = speculative_run(embedded, MODES[name], FILTERED, labels=LABELS[2:], seed=SEED + 2)
     assert torch.equal(alone.tokens[0], expected[2])
 
 
 @pytest.mark.parametrize("name", ["eagle2 d4 k5 n20", "static_tree naive_extend_57"])
 def test_greedy_trees_give_ar_tokens(embedded, name):
     model = embedded[0]
-    assert torch.equal(tree_run(embedded, MODES[name], GREEDY).tokens, ar_tokens(model, GREEDY))
+    assert torch.equal(speculative_run(embedded, MODES[name], GREEDY).tokens, ar_tokens(model, GREEDY))
 
 
 def test_the_residual_rule_samples_another_picture(embedded):
@@ -99,5 +104,34 @@ def test_the_residual_rule_samples_another_picture(embedded):
     tokens, so the comparisons above can fail."""
     model = embedded[0]
     spec = SpeculativeConfig(static_tree=NAIVE_EXTEND_57, exact_rule="residual")
-    tokens = tree_run(embedded, spec, SAMPLED).tokens
+    tokens = speculative_run(embedded, spec, SAMPLED).tokens
     assert (tokens == ar_tokens(model, SAMPLED)).float().mean() < 0.5
+
+
+COUPLED = dict(coupled=True, init="sample_left")
+JACOBI = {
+    "sjd w8": JacobiConfig(8, init="sample_left"),
+    "sjd_coupled w4": JacobiConfig(4, **COUPLED),
+    "sjd_coupled w12 random init": JacobiConfig(12, coupled=True, init="random"),
+    "lossless 2-D w15 + next row w16": JacobiConfig(15, **COUPLED, rows=2, row_window=16, row_offset=-1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(JACOBI))
+def test_lossless_jacobi_windows_give_ar_tokens_for_the_seed(embedded, name):
+    result = speculative_run(embedded, JACOBI[name], SAMPLED)
+    assert torch.equal(result.tokens, ar_tokens(embedded[0], SAMPLED)), name
+    assert result.stats.mean_accepted_length > 1.5
+
+
+def test_jacobi_filters_the_gpu_layout_and_batch_positions_keep_ar_tokens(embedded):
+    config = JACOBI["sjd_coupled w4"]
+    expected = ar_tokens(embedded[0], FILTERED)
+    assert torch.equal(speculative_run(embedded, config, FILTERED, layout="gpu path").tokens, expected)
+    assert torch.equal(speculative_run(embedded, config, FILTERED, labels=LABELS[1:2], seed=SEED + 1).tokens[0], expected[1])
+
+
+def test_the_residual_jacobi_rule_samples_another_picture(embedded):
+    config = JacobiConfig(8, init="sample_left", exact_rule="residual")
+    tokens = speculative_run(embedded, config, SAMPLED).tokens
+    assert (tokens == ar_tokens(embedded[0], SAMPLED)).float().mean() < 0.5

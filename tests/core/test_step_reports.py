@@ -167,7 +167,11 @@ def test_the_stats_say_when_a_mode_gives_ar_s_image_for_the_seed():
     assert not same_image_as_ar(SpeculativeConfig(exact_rule="residual"), sampled)
     assert not same_image_as_ar(SpeculativeConfig(relaxation=Relaxation(k=4, delta=0.1)), sampled)
     assert same_image_as_ar(SpeculativeConfig(exact_rule="residual"), greedy)
-    assert not same_image_as_ar(JacobiConfig(8), sampled) and same_image_as_ar(JacobiConfig(8), greedy)
+    assert same_image_as_ar(JacobiConfig(8), sampled) and same_image_as_ar(JacobiConfig(8), greedy)
+    assert not same_image_as_ar(JacobiConfig(8, exact_rule="residual"), sampled)
+    assert not same_image_as_ar(JacobiConfig(8, continuation=True), sampled)
+    assert same_image_as_ar(JacobiConfig(8, continuation=True), greedy)
+    assert not same_image_as_ar(SpeculativeConfig(), sampled, torch.bfloat16)  # half precision rounds otherwise
     model = random_gpt(TINY_C2I)
     result = decode(model, random_drafter(model), [0], "static_tree")
     assert "same image as ar" in stats_text(stats_payload(result, "static_tree", "-", "d", ["0"], same_as_ar=True))

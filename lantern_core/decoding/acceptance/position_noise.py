@@ -59,8 +59,9 @@ def splitmix64(seed: int, n: int) -> list[int]:
 
 def image_keys(generators, batch: int) -> list[int]:
     """One 64-bit key per image: each image's generator's seed (a list, one per image), a shared generator's
-    seed plus the image's place in the batch, or, with no generator, random keys drawn from torch's default
-    generator (an unseeded run is a random picture)."""
+    seed plus the image's place in the batch (also when the same generator object fills several places of a
+    list), or, with no generator, random keys drawn from torch's default generator (an unseeded run is a
+    random picture)."""
     if generators is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
         return [(seed + i) % 2**64 for i in range(batch)]
@@ -70,7 +71,10 @@ def image_keys(generators, batch: int) -> list[int]:
     if len(generators) != batch:
         raise ValueError(f"got {len(generators)} generators for a batch of {batch}; pass one per sample")
     fresh = image_keys(None, batch) if any(g is None for g in generators) else None
-    return [fresh[i] if g is None else g.initial_seed() % 2**64 for i, g in enumerate(generators)]
+    shared = {id(g) for g in generators if g is not None and sum(h is g for h in generators) > 1}
+    # one generator object at several places (a shared generator handed to each image) is seed + place
+    return [fresh[i] if g is None else (g.initial_seed() + (i if id(g) in shared else 0)) % 2**64
+            for i, g in enumerate(generators)]
 
 
 def key_tensor(generators, batch: int, device: torch.device | str) -> torch.Tensor:

@@ -77,6 +77,11 @@ class Grouping:
         if not 0.0 <= self.gap <= 1.0:
             raise ConfigError("group gap", "a probability difference in [0, 1]", self.gap)
 
+    @property
+    def exact(self) -> bool:
+        """True when no neighbour can join a group (k = 0 or gap 0: |p(y) - p(x)| < 0 never holds)."""
+        return self.k == 0 or self.gap == 0.0
+
 
 @dataclass
 class GroupMass:

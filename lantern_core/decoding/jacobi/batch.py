@@ -15,7 +15,8 @@ from ...models.gpt import ImageTransformer
 from ..ar_step import slots_for
 from ..batching import (BatchProgress, BatchRequest, BatchSink, DoneReader, prefill_state, progress_tokens,
                         record_batch, release_state, retire_finished)
-from ..sampling import NodeDistributions, fill_per_image, sample_from_probs
+from ..acceptance.position_noise import PositionNoise
+from ..sampling import NodeDistributions, fill_per_image, pick_tokens, sample_from_probs
 from ..step_graphs import RunLayout, StepRunner, layout_for, runner
 from .config import JacobiConfig
 from .iteration import jacobi_iteration
@@ -23,12 +24,23 @@ from .shape import JacobiShape, jacobi_bands, jacobi_window
 from .state import JacobiContext, JacobiState
 
 
-def draw_position_noise(state: JacobiState, generators: list) -> None:
+NOISE_BLOCK = 16  # positions hashed at once when AR's noise fills a Jacobi table
+
+
+def draw_position_noise(state: JacobiState, generators: list, same_as_ar: bool = False) -> None:
     """Coupled drafts and proactive leaves: one Gumbel noise row per absolute image position, image g's from
-    `generators[g]` (a single run of it draws the same); nothing without a noise table."""
+    `generators[g]` (a single run of it draws the same); nothing without a noise table. `same_as_ar`: AR's own
+    noise instead (-log E of `PositionNoise`, keyed by the seeds), the values the judge races with."""
     if state.gumbel is None:
         return
     device = state.gumbel.device
+    if same_as_ar:  # in blocks of positions: the hash's int64 temporaries stay small next to the table
+        G, P, V = state.gumbel.shape
+        noise = PositionNoise.of(generators, G, P, V, device)
+        for start in range(0, P, NOISE_BLOCK):
+            positions = torch.arange(start, min(P, start + NOISE_BLOCK), device=device)
+            state.gumbel[:, start:start + positions.numel()] = noise.exp_at(positions).log().neg_()
+        return
     for g, generator in enumerate(generators):
         u = torch.rand(state.gumbel.shape[1:], generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
         state.gumbel[g].copy_(-(-u.log()).log())
@@ -74,10 +86,14 @@ def decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchRe
                                                            torch.zeros(1, dtype=torch.long, device=device))[:, 0]  # (G, V)
         if sampling.greedy:
             first = first_p.argmax(-1)
+        elif shape.same_as_ar:  # AR's own first token
+            first = pick_tokens(dist.combine(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long,
+                                                                                        device=device))[:, 0],
+                                sampling, generators)
         else:
             first = sample_from_probs(first_p, torch.cat([torch.rand(1, generator=g, device=device) for g in generators]))
         state.start_image(T, first, first_p)
-        draw_position_noise(state, generators)
+        draw_position_noise(state, generators, shape.same_as_ar)
         if not sampling.greedy:  # every iteration's uniforms, per image, before the first one
             fill_per_image(state.uniforms, generators)
         progress_tokens(out, state.canvas, state.done)

@@ -42,8 +42,19 @@ class JacobiConfig:
     proactive: int = 1  # proactive drafting (SJD-PAC's tree, `jacobi/proactive.py`): candidates at each of the first
     # `proactive_depth` positions past the frontier, judged by recursive rejection sampling (lossless); 1 = off
     proactive_depth: int = 3
+    exact_rule: str = "same_as_ar"  # lossless 1-D / 2-D windows: accept only AR's own draws ("residual": min(1, p/q))
+
+    @property
+    def same_as_ar(self) -> bool:
+        """Whether the window is judged by AR's own draws (`judge_same_as_ar`): the exact rule without
+        continuation, proactive leaves or row commits, and `exact_rule` "same_as_ar" (sampled runs only)."""
+        exact = (self.relaxation is None or self.relaxation.exact) and (self.grouping is None or self.grouping.exact)
+        return (exact and self.exact_rule == "same_as_ar" and not self.continuation and self.proactive <= 1
+                and not self.row_commit)
 
     def __post_init__(self) -> None:
+        if self.exact_rule not in ("same_as_ar", "residual"):
+            raise ConfigError("jacobi exact_rule", "'same_as_ar' or 'residual'", self.exact_rule)
         if self.window != "auto" and (isinstance(self.window, bool) or not isinstance(self.window, int)
                                       or not 1 <= self.window <= 256):
             raise ConfigError("jacobi window", "an integer in 1..256 or 'auto'", self.window)

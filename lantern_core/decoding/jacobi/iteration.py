@@ -30,7 +30,7 @@ from ...models.kv_cache import KVCache, attention_mask, window_mask
 from ..acceptance.siblings import normalise
 from ..batching import per_row
 from ..sampling import sample_from_probs
-from .judge import judge_run
+from .judge import StaticVerdict, judge_run
 from .proactive import draw_leaves, judge_with_leaves, move_leaf_key
 from .rows import RowLanes, raster_mask, row_lanes
 from .shape import DRAWN_INITS, JacobiShape, draft_offsets, query_blocks, query_offsets
@@ -46,7 +46,7 @@ def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions
     otherwise replaced by a draw from normalise(max(0, p - q)): either way the new draft is distributed as p."""
     if shape.sampling.greedy:
         return probs.argmax(-1)
-    if shape.config.coupled and state.gumbel is not None:
+    if (shape.config.coupled or shape.same_as_ar) and state.gumbel is not None:
         return (probs.clamp(min=0).log() + position_noise(state, positions)).argmax(-1)
     G, D, V = probs.shape
     if state.drawn is None:
@@ -60,6 +60,18 @@ def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions
     source = torch.where(had[..., None], normalise((probs - law).clamp(min=0), probs), probs)
     fresh = sample_from_probs(source.reshape(G * D, V), uniforms[:, :D].reshape(-1)).view(G, D)
     return torch.where(keep, current, fresh)
+
+
+def judge_same_as_ar(filtered: torch.Tensor, gumbel: torch.Tensor, drafts: torch.Tensor,
+                     width: torch.Tensor) -> StaticVerdict:
+    """AR's own draws at the W+1 window positions, filtered (G, W+1, V) + gumbel (G, W+1, V) raced as AR races
+    them (the table holds -log E, so x + g is AR's x - log E bit for bit); drafts (G, W) pass while they equal
+    those draws (never past `width`); the token after the run is the draw there. Every emitted token is AR's."""
+    W = drafts.shape[1]
+    draws = (filtered + gumbel).argmax(-1)  # (G, W+1)
+    ok = (drafts == draws[:, :W]) & (torch.arange(W, device=drafts.device) < width[:, None])
+    a = ok.long().cumprod(1).sum(1)  # (G,) the leading run
+    return StaticVerdict(a, draws.gather(1, a[:, None])[:, 0], torch.zeros_like(drafts, dtype=filtered.dtype))
 
 
 def position_noise(state: JacobiState, positions: torch.Tensor) -> torch.Tensor:
@@ -224,16 +236,22 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
         feed = state.canvas.gather(1, predicted - 1)  # (G, Q) each query reads the token before it
         blocks = query_blocks(shape, done.device) if shape.config.row_causal else None
         logits = forward_window(model, state, feed, window, offsets, blocks)
-        p_all = ctx.target(logits, predicted.clamp(max=N))  # (G, Q, V)
-        p = p_all[:, :W + 1]
+        p_all = None if shape.same_as_ar else ctx.target(logits, predicted.clamp(max=N))  # (G, Q, V)
+        p = None if p_all is None else p_all[:, :W + 1]
     else:
         predicted = cells
         feed = torch.cat([state.canvas.gather(1, (done - 1)[:, None]), state.drafts], 1)  # (G, W+1)
         logits = forward_window(model, state, feed, window)  # (rows, W+1, V)
-        p_all = p = ctx.target(logits, cells.clamp(max=N))  # (G, W+1, V)
+        p_all = p = None if shape.same_as_ar else ctx.target(logits, cells.clamp(max=N))  # (G, W+1, V)
     width = (N - done).clamp(min=0, max=W)  # (G,) active drafts: never past the last image token
     chain = torch.cat([state.drafts, state.canvas.gather(1, cells[:, W:])], 1)  # (G, W+1) cell W keeps its draft
-    if state.tree is None:
+    if shape.same_as_ar:  # AR's own draw at every window position; the leading run of drafts equal to them
+        filtered = ctx.filtered(logits, predicted.clamp(max=N))  # (G, Q, V)
+        p_all = filtered.softmax(-1)  # what `ctx.target` gives (the Jacobi update's laws)
+        p = p_all[:, :W + 1]
+        verdict = judge_same_as_ar(filtered[:, :W + 1], position_noise(state, cells), state.drafts, width)
+        gain = torch.zeros_like(p[:, :1, 0])
+    elif state.tree is None:
         verdict = judge_run(p, state.q, state.drafts, uniforms[:, shape.draft_noise:], width, shape.config,
                             state.neighbors, state.proposed, shape.sampling.greedy)
         gain = verdict.gain * active[:, None]

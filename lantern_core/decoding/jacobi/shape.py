@@ -32,6 +32,11 @@ class JacobiShape:
     stride: int = 0  # tokens per image row (the model's row stride); needed when config.rows > 1
 
     @property
+    def same_as_ar(self) -> bool:
+        """A sampled run judged by AR's own draws (`JacobiConfig.same_as_ar`): its drafts race with AR's noise."""
+        return self.config.same_as_ar and not self.sampling.greedy
+
+    @property
     def window(self) -> int:
         return self.config.window
 

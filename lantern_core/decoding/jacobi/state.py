@@ -85,7 +85,8 @@ class JacobiState:
         H = shape.horizon
         shape.far_starts  # noqa: B018 -- cached here, never first inside a compiled iteration (its lock)
         long = dict(dtype=torch.long, device=device)
-        noisy = (shape.config.coupled or shape.leaves > 0) and not shape.sampling.greedy  # Gumbel-drawn drafts or leaves
+        noisy = (shape.config.coupled or shape.leaves > 0 or shape.same_as_ar) and not shape.sampling.greedy  # Gumbel
+        # drafts or leaves (AR's own noise when judged by AR's draws)
         padded = N + 2 * H + 2 + shape.queries  # row_commit parks idle lanes' drafts past N + 2H
         return cls(
             cache=model.allocate_cache(shape.rows, shape.slots),
@@ -166,6 +167,11 @@ class JacobiContext:
     model: ImageTransformer
     shape: JacobiShape
     dist: Any  # speculative.NodeDistributions of the run
+
+    def filtered(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """(rows, n, V) logits -> (G, n, V) the filtered logits AR races (`sampling.race`); `target` is their
+        softmax for a sampled run."""
+        return self.dist.filtered(logits, index)
 
     def target(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """(rows, n, V) logits, image-token indices (n,) or (G, n) -> (G, n, V) what the sampler samples from
