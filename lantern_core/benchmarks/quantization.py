@@ -36,7 +36,8 @@ from ..decoding.sampling import NodeDistributions
 from ..loading.embedded import EMBEDDED_GPT, EMBEDDED_NAME, EMBEDDED_VQ, load_classifier, load_gpt, load_vq
 from ..models.gpt import LlamaGenGPT
 from ..models.quantized import SCHEMES, quantize_blocks, resident_bytes
-from .ar import machine_info, write_report
+from .ar import machine_info
+from .report_writer import write_report
 from .speculative import frechet, marginal_tvd, real_crop_features
 
 log = logging.getLogger("lantern_core.benchmarks.quantization")

@@ -39,7 +39,8 @@ from ..models.drafter import EagleDrafter
 from ..models.gpt import LlamaGenGPT
 from ..models.prompted import PromptedImageLM
 from ..models.quantized import block_linears, quantizable_bytes, resident_bytes
-from .ar import SEVEN_B, machine_info, write_report
+from .ar import SEVEN_B, machine_info
+from .report_writer import write_report
 from .families import family_config
 from .decode_counts import jacobi_modes, tree_modes
 from ..memory_track import track_allocations
