@@ -2,9 +2,10 @@
 from step to step held in device tensors.
 
 `ARBuffers` are the tensors a step reads and writes (the KV cache over a fixed number of slots, the
-key-validity mask, the token buffer, each image's noise key, the image-token index and the prefix length).
-Token i of image g is the Gumbel race of its filtered law with the noise of (key g, position i)
-(`position_noise.py`), computed inside the step, so every exact decoder can reproduce it. `ar_step` advances the index by one without a host read, an allocation that
+key-validity mask, the token buffer, each image's position noise, the image-token index and the prefix
+length). Token i of image g is the race of its filtered law with the noise of (g's seed, position i)
+(`acceptance/position_noise.py`), hashed inside the step, so every lossless decoder can reproduce it.
+`ar_step` advances the index by one without a host read, an allocation that
 depends on the step, or a Python branch on a tensor value, so the same call runs eagerly, under
 `torch.compile(fullgraph=True)` and replayed from a CUDA graph (`step_graphs.py`), and all three give the
 same tokens. For a captured step, attention covers a window of slots with a mask (`keys <= slot`), as gpt-fast

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SamplingConfig
+from .acceptance.relaxation import relaxes
 from .batching import SpeculativeStats
 from .generate import GenerationResult
 from .trees.config import SpeculativeConfig
@@ -22,11 +23,9 @@ def same_image_as_ar(spec, sampling: SamplingConfig, dtype: torch.dtype = torch.
         return True
     if dtype not in (torch.float32, torch.float64):  # half-precision verification rounds unlike AR's step
         return False
-    exact = spec.relaxation is None or spec.relaxation.exact
     if isinstance(spec, SpeculativeConfig):
-        return uses_same_as_ar(spec, sampling) or (sampling.greedy and exact)
-    grouping = getattr(spec, "grouping", None)
-    lossless = exact and (grouping is None or grouping.exact) and not getattr(spec, "row_commit", False)
+        return uses_same_as_ar(spec, sampling) or (sampling.greedy and not relaxes(spec.relaxation))
+    lossless = not relaxes(spec.relaxation) and not relaxes(spec.grouping) and not spec.row_commit
     return (sampling.greedy and lossless) or spec.same_as_ar
 
 

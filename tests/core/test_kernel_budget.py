@@ -41,15 +41,15 @@ MODE_BUDGETS = {
     "lantern_pp lambda 5 (naive_extend_57)": 1145,
     "eagle2 d5 k10 n58": 460,  # 453 when set (the AR-identical walk); 667 with the residual rule's walk, 1227 before
     # its top-k siblings were tested in closed form
-    "static_tree naive_extend_57 residual rule": 715,  # 706 when set; 872 before the lean exact sibling loop and mask
+    "static_tree naive_extend_57 residual rule": 690,  # 683 when set; 872 before the lean sibling loop and drafting
     "eagle2 d5 k10 n58 residual rule": 660,  # 651 when set
     "lantern delta 0.1 (eagle2 d5 k10 n58)": 2025,
     "static_tree naive_extend_57 greedy": 270,  # 264 when set (greedy walks with the AR-identical rule); 458 before
     "lantern_pp lambda 5 (naive_extend_57) greedy": 570,
     "eagle2 d5 k10 n58 greedy": 435,  # 429 when set; 583 before
     "lantern delta 0.1 (eagle2 d5 k10 n58) greedy": 495,
-    "sjd w16": 90,  # 82 when set (the AR-identical judge); 107 with the residual rule's
-    "sjd_coupled w16": 90,  # 82 when set
+    "sjd w16": 90,  # 80 when set (the AR-identical judge); 107 with the residual rule's
+    "sjd_coupled w16": 90,  # 80 when set
     "sjd_relaxed lambda 5 w16": 130,
     "sjd_relaxed gsd w16": 128,
     "sjd w16 greedy": 80,

@@ -149,28 +149,30 @@ def test_cuda_graph_iterations_equal_eager_and_are_reused(name, dtype):
 
 
 @pytest.mark.parametrize("greedy", [False, True], ids=["sampled", "greedy"])
-def test_lean_static_drafting_draws_the_tree_the_table_keeping_drafting_draws(wide, greedy):
-    """`draft_static_lean` (the AR-identical walk's drafting: no per-node tables, tokens stacked at the end)
-    drafts the same tokens as the table-keeping drafting from the same noise, on a branching 63-node tree and on
-    a tree given out of order (`TreeSpec` numbers its nodes depth by depth)."""
+def test_static_drafting_draws_the_oracle_tree_with_and_without_laws(wide, greedy):
+    """`draft_static` (level by level, no per-node tables) drafts the tokens and, with `keep_laws`, the laws of
+    the per-node-table oracle (`reference_draft_static`) from the same noise; without laws (greedy runs and the
+    AR-identical walk) it races filtered logits and still draws the same tree. A branching 63-node tree and a
+    tree given out of order (`TreeSpec` numbers its nodes depth by depth)."""
     from lantern_core.decoding.trees.specs import TreeSpec
     model, drafter, _ = wide
     for spec in (MC_SIM_7B_63, TreeSpec("shuffled", ((0,), (0, 0), (1,), (0, 0, 0), (1, 0), (1, 0, 0), (2,)))):
-        check_lean_drafting(model, drafter, spec, greedy)
+        check_drafting(model, drafter, spec, greedy)
 
 
-def check_lean_drafting(model, drafter, spec, greedy):
+def check_drafting(model, drafter, spec, greedy):
     from lantern_core.conditioning import build_prefix
     from lantern_core.decoding.generate import prefill
     from lantern_core.decoding.sampling import NodeDistributions
     from lantern_core.decoding.trees.drafting import DrafterSession, draft_static, plan_static_tree
+    from reference_speculative import reference_draft_static
     plan = plan_static_tree(spec, torch.device("cpu"))
     sampling = GREEDY if greedy else SAMPLED
     dist = NodeDistributions(sampling, True, model.constrain_logits)
     prefix = build_prefix(model, Condition.classes([1, 2]), True)
     rows, T = prefix.key_valid.shape
-    trees = []
-    for keep in (True, False):
+    drafts = []
+    for how in ("oracle", "laws", "no laws"):
         cache = model.allocate_cache(rows, T + 80)
         key_valid = torch.ones(rows, T + 80, dtype=torch.bool)
         hidden = prefill(model, prefix, cache, key_valid)
@@ -178,8 +180,13 @@ def check_lean_drafting(model, drafter, spec, greedy):
         session.consume(hidden, torch.zeros(rows, T, dtype=torch.long))
         noise = [torch.empty(2, plan.parents_at[d].numel(), WIDE_C2I.vocab_size).exponential_(
             generator=torch.Generator().manual_seed(d)) for d in range(1, spec.depth + 1)]
+        root = torch.tensor([3, 4])
         with torch.no_grad():
-            trees.append(draft_static(session, model, plan, torch.tensor([3, 4]), 0, dist, greedy, None, noise,
-                                      keep_laws=keep))
-    assert torch.equal(trees[0].tokens, trees[1].tokens)
-    assert trees[1].log_q is None
+            if how == "oracle":
+                drafts.append(reference_draft_static(session, model, plan, root, 0, dist, greedy, None, noise))
+            else:
+                tree = draft_static(session, model, plan, root, 0, dist, greedy, None, noise, keep_laws=how == "laws")
+                drafts.append((tree.tokens, tree.log_q))
+    (expected, laws), (with_laws, kept), (without, none) = drafts
+    assert torch.equal(with_laws, expected) and torch.equal(without, expected)
+    assert none is None and (kept is None if greedy else torch.equal(kept, laws))

@@ -42,6 +42,15 @@ class Relaxation:
         return self.k == 0 or self.delta == 0.0 or self.lam == 1.0
 
 
+EXACT_RULES = ("same_as_ar", "residual")  # how a lossless decoder accepts: AR's own draws, or min(1, p/q)
+
+
+def relaxes(rule: "Relaxation | Grouping | None") -> bool:
+    """Whether an acceptance rule (a `Relaxation`, a `Grouping` or None) moves the target's law at all: a
+    lossless decoder is one whose rules do not."""
+    return rule is not None and not rule.exact
+
+
 @dataclass
 class RelaxedMass:
     probability: torch.Tensor  # (N,) p~(x) for each candidate

@@ -94,7 +94,7 @@ def decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchRe
             first = sample_from_probs(first_p, torch.cat([torch.rand(1, generator=g, device=device) for g in generators]))
         state.start_image(T, first, first_p)
         draw_position_noise(state, generators, shape.same_as_ar)
-        if not sampling.greedy:  # every iteration's uniforms, per image, before the first one
+        if not sampling.greedy and not shape.same_as_ar:  # every iteration's uniforms, per image, before the first one
             fill_per_image(state.uniforms, generators)
         progress_tokens(out, state.canvas, state.done)
         tally.prefill_s += time.perf_counter() - t0

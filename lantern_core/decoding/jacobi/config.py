@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ...errors import ConfigError
-from ..acceptance.relaxation import Grouping, Relaxation
+from ..acceptance.relaxation import EXACT_RULES, Grouping, Relaxation, relaxes
 
 INITS = ("random", "sample_left", "repeat_left", "repeat_above")
 
@@ -48,13 +48,12 @@ class JacobiConfig:
     def same_as_ar(self) -> bool:
         """Whether the window is judged by AR's own draws (`judge_same_as_ar`): the exact rule without
         continuation, proactive leaves or row commits, and `exact_rule` "same_as_ar" (sampled runs only)."""
-        exact = (self.relaxation is None or self.relaxation.exact) and (self.grouping is None or self.grouping.exact)
-        return (exact and self.exact_rule == "same_as_ar" and not self.continuation and self.proactive <= 1
-                and not self.row_commit)
+        return (not relaxes(self.relaxation) and not relaxes(self.grouping) and self.exact_rule == "same_as_ar"
+                and not self.continuation and self.proactive <= 1 and not self.row_commit)
 
     def __post_init__(self) -> None:
-        if self.exact_rule not in ("same_as_ar", "residual"):
-            raise ConfigError("jacobi exact_rule", "'same_as_ar' or 'residual'", self.exact_rule)
+        if self.exact_rule not in EXACT_RULES:
+            raise ConfigError("jacobi exact_rule", f"one of {list(EXACT_RULES)}", self.exact_rule)
         if self.window != "auto" and (isinstance(self.window, bool) or not isinstance(self.window, int)
                                       or not 1 <= self.window <= 256):
             raise ConfigError("jacobi window", "an integer in 1..256 or 'auto'", self.window)

@@ -80,13 +80,15 @@ def position_noise(state: JacobiState, positions: torch.Tensor) -> torch.Tensor:
     return state.gumbel.gather(1, positions.clamp(max=state.gumbel.shape[1] - 1)[..., None].expand(-1, -1, V))
 
 
-def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor, lanes: RowLanes | None = None) -> None:
+def refill(ctx: JacobiContext, state: JacobiState, uniforms: torch.Tensor | None,
+           lanes: RowLanes | None = None) -> None:
     """New drafts at every draft offset of every image (the frontier's W, then the lower rows' windows, at
     fixed offsets or, with `lanes`, at the rows' own fronts): where a prediction for the position is kept
     (`known`: the last forward's, or an earlier lower window's) the draft is re-drawn from it (the Jacobi
     update), elsewhere initialised per `config.init`; a committed cell keeps its token. Row j of a sampled
     draw uses uniforms[:, j] (G, drafts). The frontier's drafts and their laws go to `drafts`, `q` and
-    `proposed`, the row fronts' to `state.rows`; every draft to the canvas."""
+    `proposed`, the row fronts' to `state.rows`; every draft to the canvas. `uniforms` is None under the
+    AR-identical rule, whose drafts race with AR's position noise (`state.gumbel`)."""
     shape = ctx.shape
     W, init, grid = shape.window, shape.config.init, ctx.model.config.row_stride
     G, V = state.drafts.shape[0], state.ahead.shape[-1]
@@ -216,10 +218,11 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
     W, N = shape.window, shape.image_tokens
     done = state.done
     active = done < N  # (G,) images still decoding before this iteration
-    D = shape.drafts
-    row = state.iteration.clamp(max=N - 1)[:, None, None].expand(-1, 1, shape.noise_width)  # (G, 1, D+W+1)
-    uniforms = state.uniforms.gather(1, row)[:, 0]  # (G, D+W+1) this iteration's: drafts D, judge W+1
-    refill(ctx, state, uniforms[:, :shape.draft_noise])
+    uniforms = None  # AR's position noise (the Gumbel table) decides every draw of the AR-identical rule
+    if not shape.same_as_ar:
+        row = state.iteration.clamp(max=N - 1)[:, None, None].expand(-1, 1, shape.noise_width)  # (G, 1, D+W+1)
+        uniforms = state.uniforms.gather(1, row)[:, 0]  # (G, D+W+1) this iteration's: drafts D, judge W+1
+    refill(ctx, state, None if uniforms is None else uniforms[:, :shape.draft_noise])
     k = torch.arange(W + 1, device=done.device)
     cells = done[:, None] + k  # (G, W+1) the frontier's positions (emitted cells: <= a)
     if state.tree is not None:  # proactive leaves after the chain (and the lower windows), seeing their ancestors

@@ -67,6 +67,7 @@ class JacobiState:
     drawn: torch.Tensor | None  # continuation: (G, H + 1, V) ring of the law each position's current draft came from
     drawn_at: torch.Tensor | None  # continuation: (G, H + 1) long the position each `drawn` row is for (-1: none)
     uniforms: torch.Tensor  # (G, N, noise_width) per image, row t: iteration t's draft then judge (W + 1) uniforms
+    # (one row under the AR-identical rule, which draws none)
     iteration: torch.Tensor  # (G,) long iterations each image has taken (its row of `uniforms`)
     uniform_q: torch.Tensor  # (drafts, V) 1 / V, the random initialisation's law
     gumbel: torch.Tensor | None  # (G, N + H, V) per-position noise of coupled drafts and proactive leaves, per image
@@ -100,7 +101,7 @@ class JacobiState:
             last_p=torch.full((G, V), 1.0 / V, device=device),
             drawn=torch.full((G, H + 1, V), 1.0 / V, device=device) if shape.config.continuation else None,
             drawn_at=torch.full((G, H + 1), -1, **long) if shape.config.continuation else None,
-            uniforms=torch.full((G, N, shape.noise_width), 0.5, device=device),
+            uniforms=torch.full((G, 1 if shape.same_as_ar else N, shape.noise_width), 0.5, device=device),
             iteration=torch.zeros(G, **long), uniform_q=torch.full((shape.drafts, V), 1.0 / V, device=device),
             gumbel=torch.zeros(G, N + H, V, device=device) if noisy else None,
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),

@@ -73,7 +73,7 @@ def decode_batch(model: ImageTransformer, drafter: EagleDrafter, spec: Speculati
                             sampling, generators)  # (G,)
         state.start_image(T, first)
         state.position.fill(generators)
-        if not sampling.greedy and not shape.same_as_ar:  # every iteration's walk uniforms, per image, up front
+        if shape.walk_uniforms:  # every iteration's walk uniforms, per image, up front
             fill_per_image(state.uniforms, generators)
         state.session.reset(0)
         fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first, rows, T)

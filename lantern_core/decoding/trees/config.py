@@ -9,12 +9,9 @@ from typing import Literal
 
 from ...errors import ConfigError
 from ...layout import draftable_codes
-from ..acceptance.relaxation import Relaxation
+from ..acceptance.relaxation import EXACT_RULES, Relaxation
 from .drafting import DynamicShape
 from .specs import NAIVE_EXTEND_57, TreeSpec
-
-
-EXACT_RULES = ("same_as_ar", "residual")
 
 
 @dataclass(frozen=True)

@@ -189,6 +189,7 @@ class StaticPlan:
     width_at: list[int]  # depth d: most children any depth d-1 node has
     levels: list["ExpandLevel"]  # depth d: the constant indices of expanding expand_at[d]
     paths: torch.Tensor | None = None  # (n+1, depth+1) node ids from the root to each node, -1 padded
+    law_nodes: torch.Tensor | None = None  # the nodes with children, level by level (the rows of `log_q` drafted)
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,8 @@ def plan_static_tree(spec: TreeSpec, device: torch.device) -> StaticPlan:
             paths[node, int(b.depths[ancestor])] = ancestor
     buffers = TreeBuffers(*(t.to(device) for t in (b.parents, b.depths, b.ranks, b.mask, b.retrieve)))
     return StaticPlan(spec, buffers, children.to(device), move(parents_at), move(nodes_at), move(row_of),
-                      move(rank_of), move(expand_at), width_at, levels, paths.to(device))
+                      move(rank_of), move(expand_at), width_at, levels, paths.to(device),
+                      torch.cat(expand_at).to(device))
 
 
 def _unless_identity(index: torch.Tensor, device: torch.device) -> torch.Tensor | None:
@@ -271,56 +273,21 @@ def draft_static(session: DrafterSession, target: ImageTransformer, plan: Static
     """Fill G static trees (root_tokens (G,)): children of each node sampled without replacement from its
     drafter distribution (top-c when greedy). root_index = image-token index of the root tokens (an int or
     a device tensor). `noise` (shapes `noise_shapes`) replaces the per-depth draws from `generator`;
-    `window` is the drafter's static attention extent (see `DrafterSession.expand`). `keep_laws` False (greedy
-    runs and the AR-identical walk, which never read the drafter's laws) drafts level by level without the per-node tables
-    (`draft_static_lean`)."""
-    if not keep_laws:
-        return draft_static_lean(session, target, plan, root_tokens, root_index, distribution, greedy, noise, window)
-    b = plan.buffers
-    n1 = b.parents.shape[0]
-    rows, dim = session.root_feature.shape
-    G = root_tokens.shape[0]
-    device = root_tokens.device
-    tokens = torch.zeros(G, n1, dtype=torch.long, device=device)
-    tokens[:, 0] = root_tokens
-    feats = session.root_feature.new_zeros(rows, n1, dim)
-    feats[:, 0] = session.root_feature
-    root_index = index_tensor(root_index, device)
-    root_q = distribution.log_probs(target.logits(session.root_feature[:, None]), root_index + 1)
-    log_q = root_q.new_full((G, n1, root_q.shape[-1]), float("-inf"))
-    log_q[:, 0] = root_q[:, 0]
-    ancestry = b.mask[1:, 1:]  # (n, n) over nodes 1..n
-    masks = session.tree_mask(ancestry, window)  # (rows, 1, n, keys): built once, each level takes its rows
-    for d in range(1, plan.spec.depth + 1):
-        parents, nodes, width = plan.parents_at[d], plan.nodes_at[d], plan.width_at[d]
-        qp = log_q[:, parents].reshape(G * parents.numel(), -1)  # (G*P, V)
-        drawn = qp.topk(width, dim=-1).indices if greedy else sample_without_replacement(
-            qp, width, generator, None if noise is None else noise[d - 1])
-        drawn = drawn.view(G, parents.numel(), width)
-        tokens[:, nodes] = drawn[:, plan.row_of[d], plan.rank_of[d]]
-        grow = plan.expand_at[d]
-        if grow.numel():
-            level = plan.levels[d]
-            out = session.expand(feats[:, level.parents], per_row(tokens[:, grow], rows), d, grow,
-                                 ancestry, window, masks[:, :, level.rows])  # the mask rows carry the ancestry
-            feats[:, grow] = out
-            log_q[:, grow] = distribution.log_probs(target.logits(out), root_index + level.positions)
-    return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, None if greedy else log_q,
-                     tuple(plan.width_at[1:]), plan.paths)
+    `window` is the drafter's static attention extent (see `DrafterSession.expand`).
 
-
-def draft_static_lean(session: DrafterSession, target: ImageTransformer, plan: StaticPlan, root_tokens: torch.Tensor,
-                      root_index: int | torch.Tensor, distribution: NodeDistribution, greedy: bool,
-                      noise: list[torch.Tensor] | None, window: int | None) -> DraftTree:
-    """`draft_static` without per-node tables: each level reads the previous level's features and drafter
-    scores directly (a level's parents are the previous level's expanded nodes, in the same order), races
-    the filtered drafter logits (no log-softmax: a row's normalisation never changes its race) and the tree's
-    tokens are stacked once at the end. The DraftTree has no laws (`log_q` None)."""
+    Level by level: a level's parents are the previous level's expanded nodes in the same order, so each level
+    reads the previous level's features and scores directly, and the tokens are stacked once at the end. With
+    `keep_laws` (the residual and relaxed walks read them) a level races the drafter's log-probabilities and
+    the laws are laid out per node once (`DraftTree.log_q`); without (greedy runs and the AR-identical walk) it
+    races the filtered logits, whose normalisation never changes a race, and keeps no laws."""
     b = plan.buffers
     rows = session.root_feature.shape[0]
     G = root_tokens.shape[0]
+    laws = keep_laws and not greedy
+    score = distribution.log_probs if laws else distribution.filtered
     root_index = index_tensor(root_index, root_tokens.device)
-    scores = distribution.filtered(target.logits(session.root_feature[:, None]), root_index + 1)  # (G, 1, V)
+    scores = score(target.logits(session.root_feature[:, None]), root_index + 1)  # (G, 1, V)
+    kept = [scores]  # laws of the expanded nodes, level by level (root first)
     feats = session.root_feature[:, None]  # (rows, parents, dim): the previous level's outputs
     ancestry = b.mask[1:, 1:]  # (n, n) over nodes 1..n
     masks = session.tree_mask(ancestry, window)  # (rows, 1, n, keys): built once, each level takes its rows
@@ -329,7 +296,7 @@ def draft_static_lean(session: DrafterSession, target: ImageTransformer, plan: S
         P, width = plan.parents_at[d].numel(), plan.width_at[d]
         flat = scores.reshape(G * P, -1)  # (G*P, V)
         drawn = flat.topk(width, dim=-1).indices if greedy else sample_without_replacement(
-            flat, width, None, None if noise is None else noise[d - 1])
+            flat, width, generator, None if noise is None else noise[d - 1])
         level_tokens = drawn.view(G, P, width)[:, plan.row_of[d], plan.rank_of[d]]  # (G, nodes at depth d)
         pieces.append(level_tokens)
         grow = plan.expand_at[d]
@@ -345,9 +312,14 @@ def draft_static_lean(session: DrafterSession, target: ImageTransformer, plan: S
             fed = level_tokens[:, :T] if level.in_level is None else level_tokens[:, level.in_level]
             mask = masks[:, :, level.first_row:level.first_row + T] if level.contiguous else masks[:, :, level.rows]
             feats = session.expand(parents, per_row(fed, rows), d, grow, ancestry, window, mask)
-            scores = distribution.filtered(target.logits(feats), root_index + level.positions)
+            scores = score(target.logits(feats), root_index + level.positions)
+            kept.append(scores)
     tokens = torch.cat(pieces, 1)  # (G, n+1): node ids run depth by depth (`plan_static_tree` checks)
-    return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, None,
+    log_q = None
+    if laws:  # -inf for leaves: they have no children
+        log_q = scores.new_full((G, tokens.shape[1], scores.shape[-1]), float("-inf"))
+        log_q.index_copy_(1, plan.law_nodes, torch.cat(kept, 1))
+    return DraftTree(tokens, b.parents, b.depths, b.mask, plan.children, plan.spec.depth, log_q,
                      tuple(plan.width_at[1:]), plan.paths)
 
 

@@ -27,7 +27,7 @@ from ...config import SamplingConfig
 from ...models.drafter import EagleDrafter
 from ...models.gpt import ImageTransformer
 from ...models.kv_cache import KVCache, keep_rows
-from ..acceptance.relaxation import Relaxation
+from ..acceptance.relaxation import Relaxation, relaxes
 from ..batching import per_row, row_list
 from ..acceptance.position_noise import PositionNoise, race_dtype
 from ..sampling import race
@@ -59,6 +59,12 @@ class TreeShape:
         return uses_same_as_ar(self, self.sampling)
 
     @property
+    def walk_uniforms(self) -> bool:
+        """Whether the walk draws uniforms (the residual and relaxed rules when sampling): only then does the
+        state hold a row of them per iteration."""
+        return not self.sampling.greedy and not self.same_as_ar
+
+    @property
     def dynamic(self) -> bool:
         return isinstance(self.tree, DynamicShape)
 
@@ -85,9 +91,8 @@ class TreeShape:
 def uses_same_as_ar(spec, sampling: SamplingConfig) -> bool:
     """A sampled tree decoder whose rule is lossless (no relaxation, or one that relaxes nothing) and whose
     `exact_rule` (a `SpeculativeConfig` or `TreeShape`) is "same_as_ar" verifies with `walk_same_as_ar`."""
-    relaxation = spec.relaxation
-    exact = relaxation is None or relaxation.exact
-    return not sampling.greedy and exact and getattr(spec, "exact_rule", "same_as_ar") == "same_as_ar"
+    return (not sampling.greedy and not relaxes(spec.relaxation)
+            and getattr(spec, "exact_rule", "same_as_ar") == "same_as_ar")
 
 
 @dataclass(frozen=True)
@@ -137,7 +142,8 @@ class TreeState:
     per_cell: torch.Tensor  # (G, N + 2 (depth + 1)) int32: tokens accepted by the forward that produced each cell
     noise: list[torch.Tensor]  # Exp(1) draws per depth for sampled static trees, (G, P_d, V) views of `draws`
     position: PositionNoise  # each image's position noise (bases (G, N + 2 (depth + 1))), filled per run
-    uniforms: torch.Tensor  # (G, N, depth, C + 1) the walk's uniforms per image, row t for its iteration t
+    uniforms: torch.Tensor  # (G, N, depth, C + 1) the walk's uniforms per image, row t for its iteration t (one row
+    # when the walk draws none: `TreeShape.walk_uniforms`)
     iteration: torch.Tensor  # (G,) long iterations each image has taken (its row of `uniforms`)
     neighbors: torch.Tensor | None  # (V, k) relaxation table, copied in before each batch
     histogram: torch.Tensor  # (G, depth + 1) long: iterations by drafted tokens accepted, per image
@@ -165,7 +171,8 @@ class TreeState:
             length=torch.zeros(shape.rows, **long), done=torch.ones(G, **long), tokens=torch.zeros(G, padded, **long),
             per_cell=torch.ones(G, padded, dtype=torch.int32, device=device), noise=depth_noise(draws, plan, V),
             position=PositionNoise.allocate(G, padded, V, device),  # root + depth + 1 < N + 2 (depth + 1)
-            uniforms=torch.full((G, shape.image_tokens, shape.depth, width + 1), 0.5, device=device),
+            uniforms=torch.full((G, shape.image_tokens if shape.walk_uniforms else 1, shape.depth, width + 1), 0.5,
+                                device=device),
             iteration=torch.zeros(G, **long),
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),
             histogram=torch.zeros(G, shape.depth + 1, **long), by_node=torch.zeros(shape.nodes + 1, **long),
@@ -262,7 +269,7 @@ def verify_tree(model: ImageTransformer, cache, key_valid: torch.Tensor, length:
     logits = model.logits(hidden)  # (rows, n+1, V)
     index = index_tensor(root_index, logits.device) + 1 + tree.depths  # (n+1,) or (G, n+1)
     greedy = dist.sampling.greedy
-    if greedy and (spec.relaxation is None or spec.relaxation.exact):  # the argmax is the draw: AR's own rule
+    if greedy and not relaxes(spec.relaxation):  # the argmax is the draw: AR's own rule
         draws = dist.combine(logits, index).argmax(-1)  # (G, n+1)
         walk = walk_same_as_ar(draws, tree.parents, tree.depths, tree.mask, tree.tokens, tree.depth, tree.paths)
         return Verification(walk, hidden)
@@ -332,7 +339,7 @@ def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> 
     root_index = state.done - 1  # (G,) image-token index of each root
     root = state.tokens.gather(1, root_index[:, None])[:, 0]  # (G,)
     uniforms = None
-    if not shape.same_as_ar and not shape.sampling.greedy:  # the residual and relaxed rules' walk uniforms
+    if shape.walk_uniforms:
         table = state.uniforms
         row = state.iteration.clamp(max=table.shape[1] - 1)[:, None, None, None].expand(-1, 1, *table.shape[2:])
         uniforms = table.gather(1, row)[:, 0]  # (G, depth, C + 1) this iteration's
@@ -371,7 +378,7 @@ def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> 
     # run counters of the images still decoding, on the device
     state.histogram.scatter_add_(1, accepted[:, None], active.long()[:, None])
     state.by_node.index_add_(0, node.reshape(-1), ((path >= 0) & active[:, None]).long().reshape(-1))
-    if shape.relaxation is not None and not shape.relaxation.exact:  # an exact rule absorbs nothing
+    if relaxes(shape.relaxation):  # an exact rule absorbs nothing
         absorbed = walk.absorbed * active[:, None]  # (G, depth) zero past the accepted drafts and for done images
         state.absorbed.copy_(torch.stack([state.absorbed[0] + absorbed.sum(),
                                           torch.maximum(state.absorbed[1], absorbed.max())]))
