@@ -93,7 +93,8 @@ serve: $(HOST_STAMP)
 ## VQ decoder call, next to one batched call; then int8 / fp8 weights: bytes, teacher-forced fidelity on real
 ## images' tokens and image quality -> quantization_cpu.{json,md}; then what each mode's run allocates next to
 ## what the sampler reserves, and the reservations of the released 7B shapes -> run_memory_cpu.{json,md}; then
-## same seed, same picture: the lossless trees' tokens against AR's in float64, float32 and bf16 -> same_seed_cpu_*).
+## same seed, same picture: the lossless trees' tokens against AR's in float64, float32 and bf16 -> same_seed_cpu_*;
+## then tokens per forward of the two exact rules on the tiny enumerable models -> rule_acceptance_cpu.*).
 bench: $(STAMP)
 	$(PY) -m lantern_core.benchmarks.decode_counts --dtype bfloat16 --out bench/results
 	$(PY) -m lantern_core.benchmarks.ar --out bench/results
@@ -105,6 +106,7 @@ bench: $(STAMP)
 	$(PY) -m lantern_core.benchmarks.quantization --out bench/results
 	$(PY) -m lantern_core.benchmarks.run_memory --out bench/results
 	$(PY) -m lantern_core.benchmarks.same_seed --images 8 --dtype float64 float32 bfloat16 --out bench/results
+	$(PY) -m lantern_core.benchmarks.rule_acceptance --out bench/results
 
 ## The GPU variant (one H200: well over 10 minutes with every Inductor compile) ->
 ## bench/results/{decode_counts,ar,iteration_cost,speculative,batched,families,prefix_states,decode}_cuda_bfloat16.*:

@@ -240,7 +240,8 @@ def count_jacobi(model, config: JacobiConfig, sampling: SamplingConfig, neighbor
              (jacobi_step.JacobiContext, "target", "distributions"), (jacobi_step, "judge_run", "judge"),
              (jacobi_step.JacobiContext, "filtered", "distributions"), (jacobi_step, "judge_same_as_ar", "judge"),
              (jacobi_step, "row_lanes", "row fronts"), (jacobi_step, "raster_mask", "row fronts"),
-             (jacobi_step, "judge_with_leaves", "judge"), (jacobi_step, "move_leaf_key", "leaf key"),
+             (jacobi_step, "judge_with_leaves", "judge"), (jacobi_step, "judge_leaves_same_as_ar", "judge"),
+             (jacobi_step, "move_leaf_key", "leaf key"),
              (jacobi_step, "draw_leaves", "drafts (refill)")]
 
     def run(on_step) -> None:

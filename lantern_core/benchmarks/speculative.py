@@ -18,7 +18,7 @@ import argparse
 import logging
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +107,11 @@ def methods(lantern_k: int = 1000, pp_k: int = 10) -> list[Method]:
              Method("sjd_coupled w8", JacobiConfig(8, **coupled)),
              Method("sjd_coupled w8 (residual rule)", JacobiConfig(8, **coupled, exact_rule="residual")),
              Method("sjd_coupled repeat_above", JacobiConfig("auto", coupled=True, init="repeat_above"))]
+    pac = dict(init="sample_left", continuation=True)  # SJD-PAC's pieces, each under both exact rules
+    for name, config in (("sjd continuation w8", JacobiConfig(8, **pac)),
+                         ("sjd_coupled proactive 4 w8", JacobiConfig(8, **coupled, proactive=4)),
+                         ("sjd continuation proactive 4 w8", JacobiConfig(8, **pac, proactive=4))):
+        rows += [Method(name, config), Method(f"{name} (residual rule)", replace(config, exact_rule="residual"))]
     rows += [Method(f"sjd_relaxed lambda={lam:g} k={pp_k}", JacobiConfig("auto", **coupled, relaxation=Relaxation(k=pp_k, lam=lam)))
              for lam in (5.0, 10.0)]
     rows += [Method(f"sjd_relaxed delta={d} k={k}", JacobiConfig("auto", **coupled, relaxation=Relaxation(k=k, delta=d)))

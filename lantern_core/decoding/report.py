@@ -3,30 +3,9 @@ command line prints with --json, built from a `GenerationResult` in one place so
 not decode or time anything."""
 from __future__ import annotations
 
-import torch
-
-from ..config import SamplingConfig
-from .acceptance.relaxation import relaxes
 from .batching import SpeculativeStats
 from .generate import GenerationResult
-from .trees.config import SpeculativeConfig
-from .trees.iteration import uses_same_as_ar
-
-
-def same_image_as_ar(spec, sampling: SamplingConfig, dtype: torch.dtype = torch.float32) -> bool:
-    """Whether a run of `spec` (None for plain AR, a `SpeculativeConfig` or a `JacobiConfig`) gives plain AR's
-    image for every seed: lossless trees and Jacobi windows with the AR-identical rule (not yet continuation or
-    proactive drafting), and every lossless mode when greedy; in float32 or float64 only: in bf16 / fp16 a
-    forward over a tree or window rounds its logits unlike AR's one-token step, so races flip and the images part
-    after a few dozen tokens (`benchmarks/same_seed.py` measures it; each is still an exact sample of AR's law)."""
-    if spec is None:
-        return True
-    if dtype not in (torch.float32, torch.float64):  # half-precision verification rounds unlike AR's step
-        return False
-    if isinstance(spec, SpeculativeConfig):
-        return uses_same_as_ar(spec, sampling) or (sampling.greedy and not relaxes(spec.relaxation))
-    lossless = not relaxes(spec.relaxation) and not relaxes(spec.grouping) and not spec.row_commit
-    return (sampling.greedy and lossless) or spec.same_as_ar
+from .acceptance.seed_identity import same_image_as_ar  # noqa: F401 -- the sampler node and command line read it here
 
 
 def stats_payload(result: GenerationResult, mode: str, tree_label: str, drafter: str, conditions: list[str],

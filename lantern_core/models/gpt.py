@@ -187,6 +187,13 @@ class CaptionEmbedder(nn.Module):
         return self.cap_proj(caption)
 
 
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive one attention adds to its scores: 0 where visible, -inf
+    elsewhere (log 1 = 0, log 0 = -inf: two kernels, exact in every dtype). Additive masks combine by
+    `torch.maximum` (the union of what two masks show)."""
+    return mask.to(dtype).log_()
+
+
 class ForwardStep:
     """Where one forward reads and writes: RoPE rows, cache slots, visible prefix and mask."""
 
@@ -205,8 +212,7 @@ class ForwardStep:
         attention would otherwise build from it in every layer: once per forward instead of once per layer."""
         if self.mask is None or self.mask.dtype != torch.bool:
             return self
-        additive = self.mask.to(dtype).log_()  # log 1 = 0, log 0 = -inf: two kernels, exact in every dtype
-        return ForwardStep(self.positions, self.cache, self.kv_len, additive, self.slots)
+        return ForwardStep(self.positions, self.cache, self.kv_len, additive_mask(self.mask, dtype), self.slots)
 
 
 class Fp32Rope(nn.Module):

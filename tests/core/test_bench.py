@@ -112,3 +112,24 @@ def test_quantization_gpu_rows_say_how_their_steps_ran():
     assert all(r["ms_per_step"] > 0 and (r["graphs"], r["compiled"], r["fell_back"]) == ("off", "off", False)
                for r in rows)
     assert qg.markdown(report.data).count(" | off | off |") == len(rows)
+
+
+def test_rule_acceptance_reports_both_exact_rules_for_every_mode(tmp_path):
+    """The tiny-model table of tokens per forward under the two exact rules: every mode on every weight set, both
+    rules measured, and under the AR-identical rule continuation drafting is the race itself (its row equals sjd's,
+    and sjd's equals sjd_coupled's: both race with AR's noise)."""
+    import json
+
+    from lantern_core.benchmarks import rule_acceptance
+
+    rule_acceptance.main(["--images", "24", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "rule_acceptance_cpu.json").read_text())
+    rows = report["rows"]
+    assert report["complete"] is True
+    assert len(rows) == len(rule_acceptance.WEIGHTS) * len(rule_acceptance.MODES)
+    assert all(1.0 <= r[rule] <= 9.0 for r in rows for rule in rule_acceptance.RULES)
+    for weights in rule_acceptance.WEIGHTS:
+        by_mode = {r["mode"]: r for r in rows if r["weights"] == weights.name}
+        assert by_mode["sjd continuation w3"]["same_as_ar"] == by_mode["sjd w3"]["same_as_ar"]
+        assert by_mode["sjd_coupled w3"]["same_as_ar"] == by_mode["sjd w3"]["same_as_ar"]
+    assert "| 3x3, 3 codes | static_tree small_branching_6 |" in (tmp_path / "rule_acceptance_cpu.md").read_text()

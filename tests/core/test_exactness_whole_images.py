@@ -23,8 +23,9 @@ import torch
 import lantern_core.decoding.acceptance.siblings as acceptance
 import lantern_core.decoding.trees.iteration as tree_iteration
 import lantern_core.decoding.trees.walk as tree_walk
+from lantern_core.benchmarks.rule_acceptance import TinyWeights
 from lantern_core.conditioning import Condition
-from lantern_core.config import DrafterConfig, GPTConfig, SamplingConfig
+from lantern_core.config import GPTConfig, SamplingConfig
 from lantern_core.decoding.trees.drafting import DynamicShape
 from lantern_core.decoding.generate import generate
 from lantern_core.decoding.jacobi.config import JacobiConfig
@@ -114,17 +115,13 @@ DYNAMIC = DynamicShape(depth=4, top_k=3, nodes=8)
 
 
 def build_models(w: Weights) -> tuple[LlamaGenGPT, EagleDrafter]:
-    """A target with random weights and a drafter initialised from it: the drafter's laws are far sharper
-    than the target's and often disagree with it, so most siblings' acceptances go through the residual."""
+    """A target with random weights and a drafter initialised from it (`benchmarks.rule_acceptance.TinyWeights`,
+    whose tokens-per-forward table measures these models): the drafter's laws are far sharper than the target's
+    and often disagree with it, so most siblings' acceptances go through the residual."""
     config = GRIDS[w.grid]
-    model = LlamaGenGPT(config)
-    g = torch.Generator().manual_seed(w.seed)
-    model.init_weights(g, std=0.3)
-    with torch.no_grad():
-        model.output.weight.normal_(0.0, w.output_std, generator=g)
-    drafter = EagleDrafter(DrafterConfig.for_target(config, ffn_dim=48))
-    drafter.init_from_target(model, torch.Generator().manual_seed(w.seed + 1), std=0.3)
-    return quantize_blocks(model, scheme_named(w.quantized)).eval(), drafter.eval()
+    model, drafter = TinyWeights(w.grid, config.grid_size, config.vocab_size, w.seed, w.output_std).build()
+    assert model.config == config
+    return quantize_blocks(model, scheme_named(w.quantized)).eval(), drafter
 
 
 _MODELS: dict[str, tuple] = {}

@@ -53,12 +53,16 @@ CASES = {
                                                                          row_causal=True), NOCFG_TOPP, 2500),
     "coupled_3x3_cfg_random_init": Case("C", JacobiConfig(2, coupled=True, rows=2, row_window=3, row_offset=0),
                                         CFG2, 2000),
-    # continuation (SJD-PAC's adaptive continuation as a maximal coupling), 1-D and 2-D
-    "continuation_2x2_cfg_1d": Case("A", JacobiConfig(2, continuation=True, init="sample_left"), CFG2, 3000),
+    # continuation (SJD-PAC's adaptive continuation as a maximal coupling), 1-D and 2-D, under the residual rule:
+    # under the AR-identical rule every draft is already AR's race, so continuation is the sjd cases above
+    "continuation_2x2_cfg_1d": Case("A", JacobiConfig(2, continuation=True, init="sample_left", exact_rule="residual"),
+                                    CFG2, 3000),
     "continuation_3x3_topk2_2d": Case("C", JacobiConfig(1, continuation=True, init="sample_left", rows=3,
-                                                        row_window=2, row_offset=-1), TOPK2, 2500),
+                                                        row_window=2, row_offset=-1, exact_rule="residual"),
+                                      TOPK2, 2500),
     "continuation_3x3_nocfg_topp_repeat_above_2d": Case("C", JacobiConfig(2, continuation=True, init="repeat_above",
-                                                                          rows=2, row_window=2, row_offset=-1),
+                                                                          rows=2, row_window=2, row_offset=-1,
+                                                                          exact_rule="residual"),
                                                         NOCFG_TOPP, 2500),
 }
 

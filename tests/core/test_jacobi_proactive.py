@@ -1,10 +1,12 @@
 """Proactive drafting (`jacobi/proactive.py`) is lossless: K candidates at each of the frontier's
-first D positions, judged by recursive rejection sampling, with a passing leaf's key moved into the chain.
+first D positions, a leaf taken only where it is AR's own draw (the AR-identical rule, the default) or judged
+by recursive rejection sampling (the residual rule), with a passing leaf's key moved into the chain.
 
 Whole images of the tiny enumerable models (2x2 grid with 5 codes, 3x3 grid with 3 codes) decoded through
 `jacobi_generate` match the autoregressive law by a pooled chi-square: uncoupled, coupled and continued drafts,
 random / sample-left / repeat-above initialisations, CFG on and off, top-k and top-p, 1-D and lossless 2-D
-windows, and a batch that mixes classes. Three wrong variants fail the same test: leaves judged against p
+windows, and a batch that mixes classes, under both rules. Three wrong variants of the residual rule fail the
+same test: leaves judged against p
 instead of the residual the earlier candidates left, a leaf's key left in its scratch slot, and the token
 after a leaf drawn from the chain's prediction. The leaves' own law (Gumbel-top-k without candidate 0) is
 checked against the enumerated without-replacement law; greedy proactive decoding gives greedy AR's image;
@@ -47,6 +49,15 @@ CASES = {
     "coupled_3x3_2d_row_causal_k3_d2": Case("C", JacobiConfig(2, coupled=True, init="sample_left", rows=2,
                                                               row_window=2, row_offset=-1, row_causal=True,
                                                               proactive=3, proactive_depth=2), CFG2, 2500),
+    # the residual rule (recursive rejection sampling among the candidates), kept as an option
+    "residual_coupled_2x2_cfg_k4_d3": Case("B", JacobiConfig(3, coupled=True, init="sample_left", proactive=4,
+                                                             proactive_depth=3, exact_rule="residual"), CFG2, 3000),
+    "residual_continuation_2x2_cfg_k3_d2": Case("A", JacobiConfig(2, continuation=True, init="sample_left",
+                                                                  proactive=3, proactive_depth=2,
+                                                                  exact_rule="residual"), CFG2, 3000),
+    "residual_sjd_3x3_nocfg_topp_repeat_above_k2_d2": Case("C", JacobiConfig(2, init="repeat_above", proactive=2,
+                                                                             proactive_depth=2, exact_rule="residual"),
+                                                           NOCFG_TOPP, 2500),
 }
 
 
@@ -94,10 +105,13 @@ def _token_from_the_chain(real):
 @pytest.mark.parametrize("wrong", [("accept_siblings", _judged_against_p), ("move_leaf_key", _key_left_in_scratch),
                                    ("judge_with_leaves", _token_from_the_chain)], ids=lambda w: w[0])
 def test_the_same_test_rejects_a_wrong_leaf_rule(monkeypatch, wrong):
+    """Wrong variants of the residual rule's leaf judge (the AR-identical judge's control, a leaf taken without
+    being AR's draw, is in tests/core/test_same_as_ar.py)."""
     name, make = wrong
     module = jacobi_proactive if name == "accept_siblings" else jacobi_step
     monkeypatch.setattr(module, name, make(getattr(module, name)))
-    case = Case("A", JacobiConfig(2, coupled=True, init="sample_left", proactive=4, proactive_depth=2), CFG2, 3000)
+    case = Case("A", JacobiConfig(2, coupled=True, init="sample_left", proactive=4, proactive_depth=2,
+                                  exact_rule="residual"), CFG2, 3000)
     assert pooled_pvalue(law_for(case.weights, case.sampling), decode(case)) < FAIL
 
 
@@ -138,18 +152,19 @@ def test_greedy_proactive_decoding_equals_greedy_ar(init):
         assert torch.equal(jacobi_generate(model, cond, sampling, config, make_generators(1, 2)).tokens, ar.tokens)
 
 
-def test_leaves_are_accepted_and_a_batch_equals_single_runs(monkeypatch):
+@pytest.mark.parametrize("rule,judge", [("same_as_ar", "judge_leaves_same_as_ar"), ("residual", "judge_with_leaves")])
+def test_leaves_are_accepted_and_a_batch_equals_single_runs(monkeypatch, rule, judge):
     taken = []
-    real = jacobi_step.judge_with_leaves
+    real = getattr(jacobi_step, judge)
 
     def spy(*args, **kwargs):
         verdict = real(*args, **kwargs)
         taken.append(int((verdict.leaf >= 0).sum()))
         return verdict
 
-    monkeypatch.setattr(jacobi_step, "judge_with_leaves", spy)
+    monkeypatch.setattr(jacobi_step, judge, spy)
     model = models_for("C")[0]
-    config = JacobiConfig(2, coupled=True, init="sample_left", proactive=3, proactive_depth=2)
+    config = JacobiConfig(2, coupled=True, init="sample_left", proactive=3, proactive_depth=2, exact_rule=rule)
     labels = [LABEL, 0, 1, LABEL]
     batch = jacobi_generate(model, Condition.classes(labels), TOPK2, config, make_generators(9, 4), compile="off")
     for i, label in enumerate(labels):

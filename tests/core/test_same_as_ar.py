@@ -114,6 +114,12 @@ JACOBI = {
     "sjd_coupled w4": JacobiConfig(4, **COUPLED),
     "sjd_coupled w12 random init": JacobiConfig(12, coupled=True, init="random"),
     "lossless 2-D w15 + next row w16": JacobiConfig(15, **COUPLED, rows=2, row_window=16, row_offset=-1),
+    "sjd continuation w8": JacobiConfig(8, init="sample_left", continuation=True),
+    "sjd_coupled proactive 4 x depth 3 w8": JacobiConfig(8, **COUPLED, proactive=4, proactive_depth=3),
+    "sjd continuation proactive 3 x depth 2 w6": JacobiConfig(6, init="sample_left", continuation=True, proactive=3,
+                                                              proactive_depth=2),
+    "lossless 2-D proactive 3 x depth 3": JacobiConfig(15, **COUPLED, rows=2, row_window=16, row_offset=-1,
+                                                       proactive=3),
 }
 
 
@@ -133,5 +139,40 @@ def test_jacobi_filters_the_gpu_layout_and_batch_positions_keep_ar_tokens(embedd
 
 def test_the_residual_jacobi_rule_samples_another_picture(embedded):
     config = JacobiConfig(8, init="sample_left", exact_rule="residual")
+    tokens = speculative_run(embedded, config, SAMPLED).tokens
+    assert (tokens == ar_tokens(embedded[0], SAMPLED)).float().mean() < 0.5
+
+
+def test_proactive_leaves_are_taken_only_as_ar_draws(embedded, monkeypatch):
+    """Proactive leaves are really taken under the AR-identical rule (so the proof above covers them), and the
+    test can fail: a judge that takes the first leaf wherever the chain stops in the tree, whether or not it is
+    AR's draw, leaves AR's picture."""
+    import lantern_core.decoding.jacobi.iteration as jacobi_iteration
+    from lantern_core.decoding.jacobi.proactive import LeafVerdict, judge_leaves_same_as_ar
+    config = JACOBI["sjd_coupled proactive 4 x depth 3 w8"]
+    taken = []
+
+    def counted(*args):
+        verdict = judge_leaves_same_as_ar(*args)
+        taken.append(int((verdict.leaf >= 0).sum()))
+        return verdict
+
+    monkeypatch.setattr(jacobi_iteration, "judge_leaves_same_as_ar", counted)
+    assert torch.equal(speculative_run(embedded, config, SAMPLED).tokens, ar_tokens(embedded[0], SAMPLED))
+    assert sum(taken) >= 5, taken
+
+    def any_leaf(filtered, leaf_filtered, gumbel, drafts, leaves, width):
+        right = judge_leaves_same_as_ar(filtered, leaf_filtered, gumbel, drafts, leaves, width)
+        G, D, K1 = leaves.shape
+        run = right.run
+        took = (run < D) & (run < width)
+        leaf = torch.where(took, run.clamp(max=D - 1) * K1, torch.full_like(run, -1))
+        V = filtered.shape[-1]
+        after = leaf_filtered.gather(1, leaf.clamp(min=0)[:, None, None].expand(G, 1, V))[:, 0]
+        noise = gumbel.gather(1, (run + 1).clamp(max=drafts.shape[1])[:, None, None].expand(G, 1, V))[:, 0]
+        token = torch.where(took, (after + noise).argmax(-1), right.token)
+        return LeafVerdict(run + took.long(), token, run, leaf)
+
+    monkeypatch.setattr(jacobi_iteration, "judge_leaves_same_as_ar", any_leaf)
     tokens = speculative_run(embedded, config, SAMPLED).tokens
     assert (tokens == ar_tokens(embedded[0], SAMPLED)).float().mean() < 0.5

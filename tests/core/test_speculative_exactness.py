@@ -13,7 +13,7 @@ import lantern_core.decoding.trees.walk as tree_walk
 from lantern_core.decoding.acceptance.siblings import SiblingVerdict
 from lantern_core.conditioning import Condition, build_prefix
 from lantern_core.config import GPTConfig, SamplingConfig
-from lantern_core.decoding.trees.drafting import DrafterSession, DynamicShape, draft_dynamic, draft_static, plan_static_tree
+from lantern_core.decoding.trees.drafting import DrafterSession, DynamicShape, draft_dynamic, draft_static, plan_dynamic_tree, plan_static_tree
 from lantern_core.decoding.batching import per_row
 from lantern_core.models.gpt import ForwardStep
 from lantern_core.models.kv_cache import attention_mask
@@ -69,7 +69,7 @@ def first_iteration(model, drafter, spec, sampling, seed):
         if spec.tree == "static":
             tree = draft_static(session, model, plan, x0, 0, dist, False, g)
         else:
-            tree = draft_dynamic(session, model, spec.dynamic, x0, 0, dist)
+            tree = draft_dynamic(session, model, plan_dynamic_tree(spec.dynamic, torch.device("cpu")), x0, 0, dist)
         walk = verify_tree(model, cache, key_valid, T, tree, dist, spec, g if spec.exact_rule == "residual" else keys,
                            None, 0).walk
         gi = torch.arange(CHUNK)

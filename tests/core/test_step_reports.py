@@ -169,8 +169,12 @@ def test_the_stats_say_when_a_mode_gives_ar_s_image_for_the_seed():
     assert same_image_as_ar(SpeculativeConfig(exact_rule="residual"), greedy)
     assert same_image_as_ar(JacobiConfig(8), sampled) and same_image_as_ar(JacobiConfig(8), greedy)
     assert not same_image_as_ar(JacobiConfig(8, exact_rule="residual"), sampled)
-    assert not same_image_as_ar(JacobiConfig(8, continuation=True), sampled)
-    assert same_image_as_ar(JacobiConfig(8, continuation=True), greedy)
+    assert same_image_as_ar(JacobiConfig(8, continuation=True), sampled)  # its drafts are AR's race
+    assert same_image_as_ar(JacobiConfig(8, coupled=True, proactive=4), sampled)
+    assert not same_image_as_ar(JacobiConfig(8, continuation=True, exact_rule="residual"), sampled)
+    assert not same_image_as_ar(JacobiConfig(8, proactive=4, exact_rule="residual"), sampled)
+    assert same_image_as_ar(JacobiConfig(8, continuation=True, exact_rule="residual"), greedy)
+    assert not same_image_as_ar(JacobiConfig(8, rows=2, row_commit=True), sampled)  # relaxed 2-D: lossy
     assert not same_image_as_ar(SpeculativeConfig(), sampled, torch.bfloat16)  # half precision rounds otherwise
     model = random_gpt(TINY_C2I)
     result = decode(model, random_drafter(model), [0], "static_tree")

@@ -190,3 +190,53 @@ def check_drafting(model, drafter, spec, greedy):
     (expected, laws), (with_laws, kept), (without, none) = drafts
     assert torch.equal(with_laws, expected) and torch.equal(without, expected)
     assert none is None and (kept is None if greedy else torch.equal(kept, laws))
+
+
+@pytest.mark.parametrize("shape", [DYNAMIC, DynamicShape(depth=5, top_k=6, nodes=40), DynamicShape(depth=3, top_k=3, nodes=21)],
+                         ids=["d4k4n12", "d5k6n40", "whole_pool"])
+@pytest.mark.parametrize("ties", [False, True], ids=["drafter", "flat_drafter"])
+def test_dynamic_drafting_builds_the_oracle_tree(wide, shape, ties):
+    """`draft_dynamic` (frontier masks and pool-id paths carried level by level, the tree read off the kept
+    nodes' paths) drafts the tree of the oracle that rebuilt masks per level and chased parents
+    (`reference_draft_dynamic`): tokens, parents, depths, ancestry and child table, for two images at
+    different positions. A drafter whose laws are flat ties every score, so the order of kept nodes rests on
+    the stable sort alone. The paths it gives the walk agree with its ancestry."""
+    from lantern_core.conditioning import build_prefix
+    from lantern_core.decoding.generate import prefill
+    from lantern_core.decoding.sampling import NodeDistributions
+    from lantern_core.decoding.trees.drafting import DrafterSession, draft_dynamic, plan_dynamic_tree
+    from reference_speculative import reference_draft_dynamic
+    model, drafter, _ = wide
+    if ties:
+        drafter = random_drafter(model, seed=3)
+        for p in drafter.fc.parameters():
+            torch.nn.init.zeros_(p)
+        model = random_gpt(WIDE_C2I, seed=7)
+        torch.nn.init.zeros_(model.output.weight)
+    dist = NodeDistributions(SAMPLED, True, model.constrain_logits)
+    prefix = build_prefix(model, Condition.classes([1, 2]), True)
+    rows, T = prefix.key_valid.shape
+    trees = []
+    for how in ("oracle", "new"):
+        cache = model.allocate_cache(rows, T + 80)
+        key_valid = torch.ones(rows, T + 80, dtype=torch.bool)
+        key_valid[1, 0] = False  # a padded prefix slot in one row
+        hidden = prefill(model, prefix, cache, key_valid)
+        session = DrafterSession(drafter, rows, T + 80, key_valid)
+        session.consume(hidden, torch.zeros(rows, T, dtype=torch.long))
+        root, index = torch.tensor([3, 4]), torch.tensor([0, 5])
+        with torch.no_grad():
+            if how == "oracle":
+                trees.append(reference_draft_dynamic(session, model, shape, root, index, dist, window=T + 70))
+            else:
+                trees.append(draft_dynamic(session, model, plan_dynamic_tree(shape, torch.device("cpu")), root, index,
+                                           dist, window=T + 70))
+    expected, tree = trees
+    for field in ("tokens", "parents", "depths", "mask", "children"):
+        assert torch.equal(getattr(tree, field), getattr(expected, field)), field
+    G, n1, _ = tree.paths.shape
+    for g in range(G):
+        for node in range(n1):
+            on_path = tree.paths[g, node][tree.paths[g, node] >= 0]
+            assert torch.equal(on_path, torch.nonzero(tree.mask[g, node])[:, 0])
+            assert torch.equal(tree.depths[g, on_path], torch.arange(on_path.numel()))

@@ -28,6 +28,7 @@ from .. import auto_store
 from ..auto_store import weights_digest
 from ..batching import BatchRequest, BatchSink, RunTally
 from ..cost_curve import CostCurve, verify_times
+from ..acceptance.seed_identity import image_follows_choice
 from .batch import decode_batch
 from .config import JacobiConfig, candidate_geometries
 
@@ -43,15 +44,19 @@ def _auto_key(sampling: SamplingConfig, config: JacobiConfig, device: torch.devi
 
 def auto_window(model: ImageTransformer, condition: Condition, sampling: SamplingConfig, config: JacobiConfig,
                  neighbors: torch.Tensor | None, batch: int = 1) -> WindowChoice:
-    """Once per model, sampling setting, rule, device and batch size: decode one scratch image (fixed seed,
-    output discarded) with the largest window to measure how far drafts get accepted, then pick the window
-    with the most tokens per second on the cost curve measured at the batch's rows. The user's seeds are
-    untouched."""
+    """Once per model, image shape, sampling setting, rule, device and batch size (one image, whatever the batch,
+    where the window can change a seed's image: `seed_identity.image_follows_choice`): decode one scratch image
+    (fixed seed, output discarded) with the largest window to measure how far drafts get accepted, then pick
+    the window with the most tokens per second on the cost curve measured at the batch's rows. The user's
+    seeds are untouched."""
     weight = model.tok_embeddings.weight
-    key = (_auto_key(sampling, config, weight.device, weight.dtype), batch)
+    if image_follows_choice(config, sampling, weight.dtype):
+        batch = 1
+    shape = (model.config.num_image_tokens, model.config.row_stride)
+    key = (_auto_key(sampling, config, weight.device, weight.dtype), shape, batch)
     cached = _WINDOWS.setdefault(weights_digest(model), {})
     stored_key = auto_store.entry_key("window", weights_digest(model), auto_store.device_name(weight.device),
-                                      str(weight.dtype), _auto_key(sampling, config, "-", "-"), batch)
+                                      str(weight.dtype), shape, _auto_key(sampling, config, "-", "-"), batch)
     if key in cached:
         return cached[key]
     stored = auto_store.recall(stored_key)  # an earlier process may have measured it (`auto_store.py`)

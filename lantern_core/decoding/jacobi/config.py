@@ -32,7 +32,8 @@ class JacobiConfig:
     # (default -row_window - 1: it ends one column left of the column below the frontier, so the tokens above
     # it and above-right of it are committed)
     continuation: bool = False  # SJD-PAC's adaptive continuation: a Jacobi update keeps the current draft with
-    # probability min(1, p / q) (else a residual draw), a maximal coupling; uncoupled drafts only
+    # probability min(1, p / q) (else a residual draw), a maximal coupling; uncoupled drafts only. Under the
+    # AR-identical rule every draft is AR's race with its position's noise, which is that coupling already
     row_causal: bool = False  # lower windows see the committed tokens and their own window only (PJD's mask);
     # else every earlier token the forward holds (the frontier's drafts and the windows above), in raster order
     row_commit: bool = False  # relaxed 2-D (Parallel-Jacobi style, lossy): each lower row keeps its own front,
@@ -42,14 +43,16 @@ class JacobiConfig:
     proactive: int = 1  # proactive drafting (SJD-PAC's tree, `jacobi/proactive.py`): candidates at each of the first
     # `proactive_depth` positions past the frontier, judged by recursive rejection sampling (lossless); 1 = off
     proactive_depth: int = 3
-    exact_rule: str = "same_as_ar"  # lossless 1-D / 2-D windows: accept only AR's own draws ("residual": min(1, p/q))
+    exact_rule: str = "same_as_ar"  # lossless windows: accept only AR's own draws ("residual": min(1, p/q))
 
     @property
     def same_as_ar(self) -> bool:
-        """Whether the window is judged by AR's own draws (`judge_same_as_ar`): the exact rule without
-        continuation, proactive leaves or row commits, and `exact_rule` "same_as_ar" (sampled runs only)."""
+        """Whether the window is judged by AR's own draws (`judge_same_as_ar`, with proactive leaves
+        `judge_leaves_same_as_ar`): the exact rule without row commits and `exact_rule` "same_as_ar" (sampled
+        runs only). Its drafts race with AR's position noise; continuation's keep-or-redraw coupling is then the
+        race itself and changes nothing (it applies under "residual")."""
         return (not relaxes(self.relaxation) and not relaxes(self.grouping) and self.exact_rule == "same_as_ar"
-                and not self.continuation and self.proactive <= 1 and not self.row_commit)
+                and not self.row_commit)
 
     def __post_init__(self) -> None:
         if self.exact_rule not in EXACT_RULES:

@@ -31,7 +31,7 @@ from ..acceptance.siblings import normalise
 from ..batching import per_row
 from ..sampling import sample_from_probs
 from .judge import StaticVerdict, judge_run
-from .proactive import draw_leaves, judge_with_leaves, move_leaf_key
+from .proactive import draw_leaves, judge_leaves_same_as_ar, judge_with_leaves, move_leaf_key
 from .rows import RowLanes, raster_mask, row_lanes
 from .shape import DRAWN_INITS, JacobiShape, draft_offsets, query_blocks, query_offsets
 from .state import JacobiContext, JacobiState
@@ -231,8 +231,8 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
         Q0 = offsets.shape[0] - shape.leaves
         feed = torch.cat([state.canvas.gather(1, predicted[:, :Q0] - 1), state.tree.leaves], 1)  # (G, Q)
         logits = forward_window(model, state, feed, window, offsets, visible=state.tree.visible)
-        p_all = ctx.target(logits, predicted.clamp(max=N))  # (G, Q, V)
-        p = p_all[:, :W + 1]
+        p_all = None if shape.same_as_ar else ctx.target(logits, predicted.clamp(max=N))  # (G, Q, V)
+        p = None if p_all is None else p_all[:, :W + 1]
     elif shape.far_starts:  # 2-D: the lower rows' windows ride in the same forward
         offsets = query_offsets(shape, done.device)  # (Q,)
         predicted = done[:, None] + offsets  # (G, Q) the position each query predicts
@@ -252,8 +252,15 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
         filtered = ctx.filtered(logits, predicted.clamp(max=N))  # (G, Q, V)
         p_all = filtered.softmax(-1)  # what `ctx.target` gives (the Jacobi update's laws)
         p = p_all[:, :W + 1]
-        verdict = judge_same_as_ar(filtered[:, :W + 1], position_noise(state, cells), state.drafts, width)
         gain = torch.zeros_like(p[:, :1, 0])
+        if state.tree is None:
+            verdict = judge_same_as_ar(filtered[:, :W + 1], position_noise(state, cells), state.drafts, width)
+        else:  # a leaf is taken only where it is AR's draw, its key moved into the chain's slot
+            Q0 = p_all.shape[1] - shape.leaves
+            verdict = judge_leaves_same_as_ar(filtered[:, :W + 1], filtered[:, Q0:], position_noise(state, cells),
+                                              state.drafts, state.tree.leaves.view(done.shape[0], shape.tree_depth, -1),
+                                              width)
+            chain, p_all, predicted = take_leaf(state, verdict, chain, k, Q0), p_all[:, :Q0], predicted[:, :Q0]
     elif state.tree is None:
         verdict = judge_run(p, state.q, state.drafts, uniforms[:, shape.draft_noise:], width, shape.config,
                             state.neighbors, state.proposed, shape.sampling.greedy)
@@ -263,10 +270,7 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
         verdict = judge_with_leaves(p, p_all[:, Q0:], state.q, state.drafts,
                                     state.tree.leaves.view(done.shape[0], shape.tree_depth, -1),
                                     uniforms[:, shape.draft_noise:], width, shape.sampling.greedy)
-        move_leaf_key(state.cache, state.length, verdict, Q0)
-        leaf_token = state.tree.leaves.gather(1, verdict.leaf.clamp(min=0)[:, None])  # (G, 1)
-        chain = torch.where((k == verdict.run[:, None]) & (verdict.leaf >= 0)[:, None], leaf_token, chain)
-        p_all, predicted = p_all[:, :Q0], predicted[:, :Q0]  # the leaves' predictions are not kept
+        chain, p_all, predicted = take_leaf(state, verdict, chain, k, Q0), p_all[:, :Q0], predicted[:, :Q0]
         gain = torch.zeros_like(p[:, :1, 0])  # exact rules only
     a = verdict.accepted
     count = a + 1  # (G,)
@@ -276,6 +280,14 @@ def jacobi_iteration(ctx: JacobiContext, state: JacobiState, window: int) -> Non
     keep_predictions(shape, state, p_all, predicted, width)
     # an image finishing now (or done before) keeps its length: its later writes stay inside the cache
     _advance(state, a, active, gain, N)
+
+
+def take_leaf(state: JacobiState, verdict, chain: torch.Tensor, k: torch.Tensor, queries: int) -> torch.Tensor:
+    """Where a proactive leaf was accepted, its key goes to the chain's slot after the run and its token into
+    the chain (G, W+1); returns the chain. The leaves' predictions are not kept (the caller drops them)."""
+    move_leaf_key(state.cache, state.length, verdict, queries)
+    leaf_token = state.tree.leaves.gather(1, verdict.leaf.clamp(min=0)[:, None])  # (G, 1)
+    return torch.where((k == verdict.run[:, None]) & (verdict.leaf >= 0)[:, None], leaf_token, chain)
 
 
 def _advance(state: JacobiState, a: torch.Tensor, active: torch.Tensor, gain: torch.Tensor, N: int) -> None:

@@ -17,7 +17,10 @@ plain Jacobi test. The chain's run of candidate-0 acceptances ends at a. If a < 
 passes, it is committed, its key copied into the chain's slot a + 1, and the token after it drawn from the
 leaf's own prediction; if none passes, the token is drawn from the residual after all K. Past depth D the
 plain rule holds. Exact rules only (no LANTERN / GSD relaxation), on the 1-D and lossless 2-D windows; not
-with row commits. Drafting of the chain, the forward and the emission live in `jacobi/iteration.py`.
+with row commits. Under the AR-identical rule (`judge_leaves_same_as_ar`) the chain and the leaves are the
+race AR runs with its position noise (candidate 0 its winner, the leaves its runners-up), and a candidate is
+taken only where it is AR's own draw. Drafting of the chain, the forward and the emission live in
+`jacobi/iteration.py`.
 """
 from __future__ import annotations
 
@@ -129,6 +132,31 @@ def judge_with_leaves(p: torch.Tensor, p_leaves: torch.Tensor, q: torch.Tensor, 
         tree_residual = residual.gather(1, at[..., None].expand(-1, 1, V))[:, 0]
         probs = torch.where(took[:, None], p_leaf, torch.where(in_tree[:, None], tree_residual, after_chain))
         token = sample_from_probs(probs, uniforms.gather(1, width.clamp(min=0)[:, None])[:, 0])
+    return LeafVerdict(run + took.long(), token, run, leaf)
+
+
+def judge_leaves_same_as_ar(filtered: torch.Tensor, leaf_filtered: torch.Tensor, gumbel: torch.Tensor,
+                            drafts: torch.Tensor, leaves: torch.Tensor, width: torch.Tensor) -> LeafVerdict:
+    """The AR-identical judge with proactive leaves: filtered (G, W+1, V) the chain's filtered logits, leaf_filtered
+    (G, S, V) each leaf's own prediction, gumbel (G, W+1, V) AR's noise (-log E) at the chain's W+1 positions,
+    drafts (G, W), leaves (G, D, K-1) by depth. The chain passes while its drafts equal AR's draws (never past
+    `width`); where it stops inside the first D positions, a leaf there that equals AR's draw is taken, and the
+    token after it is AR's draw from the leaf's prediction with the next position's noise; otherwise the token is
+    AR's draw where the chain stopped. Leaves are the runners-up of the race candidate 0 won, so each emitted
+    token is AR's, whatever K and D."""
+    G, W = drafts.shape
+    _, D, K1 = leaves.shape
+    V = filtered.shape[-1]
+    draws = (filtered + gumbel).argmax(-1)  # (G, W+1) AR's draw at each chain position
+    ok = (drafts == draws[:, :W]) & (torch.arange(W, device=drafts.device) < width[:, None])
+    run = ok.long().cumprod(1).sum(1)  # (G,) candidate-0 drafts accepted
+    at = run.clamp(max=D - 1)[:, None]  # (G, 1)
+    match = leaves.gather(1, at[..., None].expand(G, 1, K1))[:, 0] == draws.gather(1, at)  # (G, K-1)
+    took = (run < D) & (run < width) & match.any(-1)
+    leaf = torch.where(took, at[:, 0] * K1 + match.float().argmax(-1), torch.full_like(run, -1))
+    after = leaf_filtered.gather(1, leaf.clamp(min=0)[:, None, None].expand(G, 1, V))[:, 0]  # (G, V)
+    noise = gumbel.gather(1, (run + 1).clamp(max=W)[:, None, None].expand(G, 1, V))[:, 0]  # the next position's
+    token = torch.where(took, (after + noise).argmax(-1), draws.gather(1, run[:, None])[:, 0])
     return LeafVerdict(run + took.long(), token, run, leaf)
 
 

@@ -37,6 +37,12 @@ class JacobiShape:
         return self.config.same_as_ar and not self.sampling.greedy
 
     @property
+    def continues(self) -> bool:
+        """Whether refills apply continuation's keep-or-redraw test (recording each draft's law): continuation
+        under the residual rule; under the AR-identical rule the race already couples the drafts."""
+        return self.config.continuation and not self.same_as_ar and not self.sampling.greedy
+
+    @property
     def window(self) -> int:
         return self.config.window
 
@@ -96,7 +102,7 @@ class JacobiShape:
     def draft_noise(self) -> int:
         """Uniforms one refill consumes: one per draft, and with continuation one more per draft (the test
         whether the current draft is kept)."""
-        return self.drafts * (2 if self.config.continuation else 1)
+        return self.drafts * (2 if self.continues else 1)
 
     @property
     def noise_width(self) -> int:

@@ -31,6 +31,7 @@ from ..batching import BatchRequest, BatchSink, RunTally
 from ..cost_curve import CostCurve, time_call, verify_times
 from ..generate import generate, synchronize
 from ..sampling import make_generators
+from ..acceptance.seed_identity import image_follows_choice
 from ..step_graphs import layout_for
 from .batch import decode_batch
 from .config import SpeculativeConfig
@@ -100,8 +101,8 @@ _COSTS: "weakref.WeakKeyDictionary[EagleDrafter, dict]" = weakref.WeakKeyDiction
 
 def _auto_key(sampling: SamplingConfig, spec: SpeculativeConfig) -> tuple:
     """What the best tree depends on besides the machine: sampling, acceptance rule and base tree."""
-    return (sampling.uses_cfg, sampling.greedy, round(sampling.temperature, 3), sampling.top_k,
-            round(sampling.top_p, 3), spec.relaxation, spec.static_tree.paths)
+    return (sampling.uses_cfg, sampling.greedy, round(sampling.cfg_scale, 3), round(sampling.temperature, 3),
+            sampling.top_k, round(sampling.top_p, 3), spec.relaxation, spec.exact_rule, spec.static_tree.paths)
 
 
 def _auto_choice(model: ImageTransformer, drafter: EagleDrafter, sampling: SamplingConfig,
@@ -113,14 +114,22 @@ def _stored_key(model: ImageTransformer, drafter: EagleDrafter, sampling: Sampli
                 batch: int) -> str:
     weight = model.tok_embeddings.weight
     return auto_store.entry_key("tree", weights_digest(model), weights_digest(drafter),
-                                auto_store.device_name(weight.device), str(weight.dtype), _auto_key(sampling, spec), batch)
+                                auto_store.device_name(weight.device), str(weight.dtype), image_shape(model),
+                                _auto_key(sampling, spec), batch)
+
+
+def image_shape(model: ImageTransformer) -> tuple[int, int]:
+    """(image tokens, row stride): what a grid view of one model's weights draws (part of every auto key)."""
+    return model.config.num_image_tokens, model.config.row_stride
 
 
 def auto_tree(model: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
                spec: SpeculativeConfig, neighbors: torch.Tensor | None, compile: str) -> tuple[TreeSpec, str, str]:
-    """The `auto` tree for this batch size: remembered in this process, else kept in the store by an earlier
-    process (`auto_store.py`), else calibrated now (and stored). Returns (tree, note, where it came from)."""
-    B = condition.batch
+    """The `auto` tree for this batch size (for one image, whatever the batch, where the tree can change a
+    seed's image: `seed_identity.image_follows_choice`): remembered in this process, else kept in the store by
+    an earlier process (`auto_store.py`), else calibrated now (and stored). Returns (tree, note, where it came
+    from)."""
+    B = 1 if image_follows_choice(spec, sampling, model.tok_embeddings.weight.dtype) else condition.batch
     cached = _auto_choice(model, drafter, sampling, spec, B)
     if cached is not None:
         return (*cached, "")
@@ -143,7 +152,7 @@ def auto_tree(model: ImageTransformer, drafter: EagleDrafter, condition: Conditi
 
 def _pair(model: ImageTransformer, drafter: EagleDrafter) -> tuple:
     weight = model.tok_embeddings.weight
-    return weights_digest(model), weights_digest(drafter), str(weight.device), str(weight.dtype)
+    return weights_digest(model), weights_digest(drafter), str(weight.device), str(weight.dtype), image_shape(model)
 
 
 def _costs(model: ImageTransformer, drafter: EagleDrafter, rows: int) -> CostCurve:

@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from ...models.drafter import EagleDrafter
-from ...models.gpt import ForwardStep, ImageTransformer
+from ...models.gpt import ForwardStep, ImageTransformer, additive_mask
 from ...models.kv_cache import attention_mask, window_mask
 from ..batching import per_row
 from .prefix_states import drafter_key_valid
@@ -43,11 +43,11 @@ class DraftTree:
     parents: torch.Tensor  # (n+1,) or (G, n+1) long, -1 for the root
     depths: torch.Tensor  # (n+1,) or (G, n+1) long
     mask: torch.Tensor  # (n+1, n+1) or (G, n+1, n+1) bool, ancestor-or-self
-    children: torch.Tensor  # (n+1, C) or (G, n+1, C) long node ids by rank, -1 padded
+    children: torch.Tensor | None  # (n+1, C) or (G, n+1, C) long node ids by rank, -1 padded (None: not built)
     depth: int
     log_q: torch.Tensor | None  # (G, n+1, V) log drafter law each node's children were drawn from; None = top-k
     widths: tuple[int, ...] | None = None  # static trees: most children a node at depth d has (the walk's trip)
-    paths: torch.Tensor | None = None  # static trees: (n+1, depth+1) node ids root -> each node, -1 padded
+    paths: torch.Tensor | None = None  # (n+1, depth+1) or (G, n+1, depth+1) node ids root -> each node, -1 padded
 
 
 class DrafterSession:
@@ -130,21 +130,36 @@ class DrafterSession:
         1..n: `expand` takes rows of it (a static tree builds it once per iteration for all its nodes)."""
         return window_mask(self.key_valid, self.length, ancestry, self._window(ancestry.shape[-1], window))
 
-    def expand(self, features: torch.Tensor, tokens: torch.Tensor, depth: int, node_ids: torch.Tensor,
-               ancestry: torch.Tensor, window: int | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Run tree nodes: features/tokens (rows, T, ...), all at tree `depth`; node ids (T,) >= 1 pick the
-        slots length + id - 1; ancestry (T, n) or per tree (G, T, n) bool over nodes 1..n; `window`
-        (>= length + n) the keys attended over; `mask` these queries' rows of `tree_mask` when already built
-        (then only the width n of `ancestry` is read).
-        Returns predicted features (rows, T, dim)."""
+    def frame(self, extent: int, depth: int, window: int | None = None,
+              steps: torch.Tensor | None = None) -> "DraftFrame":
+        """Where a tree of `extent` drafter slots and `depth` levels goes past the committed length (made once
+        per iteration, read by every level's `expand`); `window` as in `consume`; `steps` (>= max(extent,
+        depth),) 0, 1, ... made once by a plan (else here)."""
+        if steps is None:
+            steps = torch.arange(max(extent, depth), device=self.length.device)
+        base = self.length[:, None]  # (rows, 1)
+        return DraftFrame(self._window(extent, window), (base + steps[:depth]).clamp(max=self._last_row),
+                          base + steps[:extent])
+
+    def expand(self, features: torch.Tensor, tokens: torch.Tensor, frame: "DraftFrame", depth: int,
+               slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Run tree nodes: features/tokens (rows, T, ...), all at tree `depth`, written at cache `slots` (rows, T)
+        (columns of `frame.slots`); `mask` (rows, 1, T, frame.kv_len) bool or additive (their rows of
+        `tree_mask`, or an EAGLE-2 frontier's). Returns predicted features (rows, T, dim)."""
         rows, T = tokens.shape
-        n = ancestry.shape[-1]
-        kv_len = self._window(n, window)
-        if mask is None:
-            mask = window_mask(self.key_valid, self.length, ancestry, kv_len)  # (rows, 1, T, kv_len)
-        positions = (self.length + (depth - 1)).clamp(max=self._last_row)[:, None].expand(rows, T)
-        step = ForwardStep(positions, self.cache, kv_len=kv_len, mask=mask, slots=self.length[:, None] + node_ids - 1)
+        positions = frame.positions[:, depth - 1:depth].expand(rows, T)  # siblings share a RoPE row
+        step = ForwardStep(positions, self.cache, kv_len=frame.kv_len, mask=mask, slots=slots)
         return self.drafter(features, tokens, step)
+
+
+@dataclass(frozen=True)
+class DraftFrame:
+    """One iteration's drafted slots in the drafter cache: the keys attended over, the RoPE row of each tree
+    depth and the cache slot of each tree slot, per row."""
+
+    kv_len: int
+    positions: torch.Tensor  # (rows, depth) RoPE row of the nodes at tree depth d + 1
+    slots: torch.Tensor  # (rows, extent) cache slot of tree slot j (static trees: node j + 1)
 
 
 def prefix_inputs(drafter: EagleDrafter, model, prefix_ids: torch.Tensor | None, first: torch.Tensor,
@@ -190,6 +205,7 @@ class StaticPlan:
     levels: list["ExpandLevel"]  # depth d: the constant indices of expanding expand_at[d]
     paths: torch.Tensor | None = None  # (n+1, depth+1) node ids from the root to each node, -1 padded
     law_nodes: torch.Tensor | None = None  # the nodes with children, level by level (the rows of `log_q` drafted)
+    steps: torch.Tensor | None = None  # (max(n, depth),) 0, 1, ...: the drafter frame's offsets
 
 
 @dataclass(frozen=True)
@@ -246,7 +262,7 @@ def plan_static_tree(spec: TreeSpec, device: torch.device) -> StaticPlan:
     buffers = TreeBuffers(*(t.to(device) for t in (b.parents, b.depths, b.ranks, b.mask, b.retrieve)))
     return StaticPlan(spec, buffers, children.to(device), move(parents_at), move(nodes_at), move(row_of),
                       move(rank_of), move(expand_at), width_at, levels, paths.to(device),
-                      torch.cat(expand_at).to(device))
+                      torch.cat(expand_at).to(device), torch.arange(max(n1 - 1, spec.depth), device=device))
 
 
 def _unless_identity(index: torch.Tensor, device: torch.device) -> torch.Tensor | None:
@@ -290,7 +306,9 @@ def draft_static(session: DrafterSession, target: ImageTransformer, plan: Static
     kept = [scores]  # laws of the expanded nodes, level by level (root first)
     feats = session.root_feature[:, None]  # (rows, parents, dim): the previous level's outputs
     ancestry = b.mask[1:, 1:]  # (n, n) over nodes 1..n
-    masks = session.tree_mask(ancestry, window)  # (rows, 1, n, keys): built once, each level takes its rows
+    frame = session.frame(ancestry.shape[-1], plan.spec.depth, window, plan.steps)
+    # (rows, 1, n, keys), additive: built once, each level takes its rows
+    masks = additive_mask(session.tree_mask(ancestry, window), session.root_feature.dtype)
     pieces = [root_tokens[:, None]]
     for d in range(1, plan.spec.depth + 1):
         P, width = plan.parents_at[d].numel(), plan.width_at[d]
@@ -310,8 +328,12 @@ def draft_static(session: DrafterSession, target: ImageTransformer, plan: Static
             else:
                 parents = feats[:, level.parent_rows]
             fed = level_tokens[:, :T] if level.in_level is None else level_tokens[:, level.in_level]
-            mask = masks[:, :, level.first_row:level.first_row + T] if level.contiguous else masks[:, :, level.rows]
-            feats = session.expand(parents, per_row(fed, rows), d, grow, ancestry, window, mask)
+            if level.contiguous:
+                rows_at = slice(level.first_row, level.first_row + T)
+                mask, slots = masks[:, :, rows_at], frame.slots[:, rows_at]
+            else:
+                mask, slots = masks[:, :, level.rows], frame.slots[:, level.rows]
+            feats = session.expand(parents, per_row(fed, rows), frame, d, slots, mask)
             scores = score(target.logits(feats), root_index + level.positions)
             kept.append(scores)
     tokens = torch.cat(pieces, 1)  # (G, n+1): node ids run depth by depth (`plan_static_tree` checks)
@@ -330,80 +352,125 @@ class DynamicShape:
     nodes: int = 58  # drafted nodes kept for verification (EAGLE-2's total_token - 1)
 
 
-def draft_dynamic(session: DrafterSession, target: ImageTransformer, shape: DynamicShape, root_tokens: torch.Tensor,
-                  root_index: int | torch.Tensor, distribution: NodeDistribution,
-                  window: int | None = None) -> DraftTree:
-    """EAGLE-2 for G trees (root_tokens (G,)): expand the top-k frontier by cumulative log-probability,
-    then keep the best `nodes` of every tree. `root_index` and `window` as in `draft_static`."""
+@dataclass(frozen=True)
+class DynamicPlan:
+    """The constant index tensors of an EAGLE-2 shape on one device, made once, outside any captured step.
+
+    The candidate pool is laid out level by level: level 1 holds the root's top-k (ids 0 .. K-1); level L >= 2
+    the top-k children of each of the K frontier nodes it expands, parent by parent (ids K + (L-2) K^2 + k K + c).
+    So an entry's depth, and the row of its parent in the table of frontier paths (row 0 the root, row
+    1 + (L-2) K + k the k-th node expanded at level L), follow from its id alone."""
+
+    shape: DynamicShape
+    steps: torch.Tensor  # (D K,) 0, 1, ...: tree slots (also the depth offsets)
+    pool_depth: torch.Tensor  # (pool,) each entry's depth
+    parent_row: torch.Tensor  # (pool,) its parent's row in the table of frontier paths
+    first_paths: torch.Tensor  # (1, K, D) the pool-id paths of level 1's entries: own id at depth 1, -1 after
+    root_path: torch.Tensor  # (1, 1, D) the root's: -1 (the root is no pool entry)
+    zero: torch.Tensor  # (1, 1) long 0: the root's node id, depth and path start
+    no_parent: torch.Tensor  # (1, 1) long -1
+    node_ids: torch.Tensor  # (n+1,) 0 .. n
+
+
+def plan_dynamic_tree(shape: DynamicShape, device: torch.device) -> DynamicPlan:
     K, D = shape.top_k, shape.depth
+    pool = torch.arange(K + (D - 1) * K * K)
+    later = (pool - K).clamp(min=0)  # (pool,) place past level 1
+    first = torch.full((1, K, D), -1, dtype=torch.long)
+    first[0, :, 0] = torch.arange(K)
+    consts = (torch.arange(max(D * K, D + 1)), torch.where(pool < K, 1, 2 + later // (K * K)),
+              torch.where(pool < K, 0, 1 + later // K), first, torch.full((1, 1, D), -1, dtype=torch.long),
+              torch.zeros(1, 1, dtype=torch.long), torch.full((1, 1), -1, dtype=torch.long),
+              torch.arange(shape.nodes + 1))
+    return DynamicPlan(shape, *(t.to(device) for t in consts))
+
+
+def draft_dynamic(session: DrafterSession, target: ImageTransformer, plan: DynamicPlan, root_tokens: torch.Tensor,
+                  root_index: int | torch.Tensor, distribution: NodeDistribution, window: int | None = None,
+                  with_children: bool = True) -> DraftTree:
+    """EAGLE-2 for G trees (root_tokens (G,)): expand the top-k frontier by cumulative log-probability, then
+    keep the best `nodes` of every tree. `root_index` and `window` as in `draft_static`; `with_children` builds
+    the child table (the walks that read it: sampled residual and relaxed rules).
+
+    Per level the frontier's attention mask is its parents' plus its own slots (additive masks, one `maximum`),
+    and each frontier node's path of pool ids is its parent's plus itself; the kept nodes' paths then give
+    depths, parents and ancestry in a few gathers, with no loop over depth."""
+    shape = plan.shape
+    K, D, n = shape.top_k, shape.depth, shape.nodes
     rows, dim = session.root_feature.shape
     G = root_tokens.shape[0]
-    device = root_tokens.device
-    gi = torch.arange(G, device=device)[:, None]
-    root_index = index_tensor(root_index, device)
-    logq = distribution.log_probs(target.logits(session.root_feature[:, None]), root_index + 1)[:, 0]  # (G, V)
+    c = rows // G  # rows are [cond trees; uncond trees] with CFG
+    frame = session.frame(D * K, D, window, plan.steps)
+    W = frame.kv_len
+    # (1 | G, D): the image-token index a node at depth d predicts (root_index + d + 1)
+    indices = index_tensor(root_index, root_tokens.device) + plan.steps[1:D + 1]
+    keys = torch.arange(W, device=root_tokens.device)
+    prefix = session.key_valid[:, :W] & (keys < session.length[:, None])  # (rows, W)
+    # (rows, D K, W): each tree slot sees the valid prefix and itself; a frontier adds its parents' ancestry
+    visible = additive_mask((keys == frame.slots[:, :, None]) | prefix[:, None], session.root_feature.dtype)
+    logq = distribution.log_probs(target.logits(session.root_feature[:, None]), indices[..., :1])[:, 0]  # (G, V)
     score, tok = logq.topk(K, dim=-1)  # (G, K)
     pool_tok, pool_score = [tok], [score]
-    pool_parent = [torch.full((G, K), -1, dtype=torch.long, device=device)]  # pool index of the parent, -1 root
-    ranks = torch.arange(K, device=device)  # made on the step's device: a CPU index would sync (and fail capture)
-    frontier = ranks.expand(G, K)  # pool ids of the frontier
-    feat_in = session.root_feature[:, None].expand(rows, K, dim)
-    # over drafter tree slots; a node sees itself: written as the device's own K x K identity, since a Python
-    # True through an index would be a CPU tensor copied to the device (a sync, and refused by capture)
-    itself = torch.eye(K, dtype=torch.bool, device=device)  # (K, K)
-    ancestry = torch.zeros(G, K, D * K, dtype=torch.bool, device=device)
-    ancestry[:, :, :K] = itself
+    feats = session.root_feature[:, None].expand(rows, K, dim)
+    mask = visible[:, None, :K]  # (rows, 1, K, W) the first frontier's
+    paths = plan.first_paths.expand(G, K, D)  # (G, K, D) pool ids from depth 1 to each frontier node
+    tables = [plan.root_path.expand(G, 1, D)]  # the root's and each expanded frontier's paths
     created = K
     for level in range(2, D + 1):
-        slots = torch.arange((level - 2) * K, (level - 1) * K, device=device)  # this frontier's slots
-        out = session.expand(feat_in, per_row(tok, rows), level - 1, slots + 1, ancestry, window)
-        child = distribution.log_probs(target.logits(out), (root_index + level).expand(*root_index.shape[:-1], K))
+        lo = (level - 2) * K  # this frontier's tree slots
+        out = session.expand(feats, per_row(tok, rows), frame, level - 1, frame.slots[:, lo:lo + K], mask)
+        tables.append(paths)
+        at = indices[..., level - 1:level].expand(*indices.shape[:-1], K)  # (K,) or (G, K)
+        child = distribution.log_probs(target.logits(out), at)  # (G, K, V)
         c_score, c_tok = child.topk(K, dim=-1)  # (G, K, K) log-probabilities
         c_score = (score[..., None] + c_score).reshape(G, K * K)  # cumulative
         c_tok = c_tok.reshape(G, K * K)
         pool_tok.append(c_tok), pool_score.append(c_score)
-        pool_parent.append(frontier[..., None].expand(G, K, K).reshape(G, K * K))  # each parent K times
-        best = c_score.topk(K, dim=-1).indices  # next frontier, (G, K)
-        frontier = created + best
+        if level == D:  # the last level's frontier is never expanded
+            break
+        score, best = c_score.topk(K, dim=-1)  # the next frontier (G, K)
+        tok = c_tok.gather(1, best)
+        parent = best // K  # (G, K) each one's place in this frontier
+        feats = out.view(c, G, K, dim).gather(2, parent[None, ..., None].expand(c, G, K, dim)).view(rows, K, dim)
+        inherited = mask.view(c, G, K, W).gather(2, parent[None, ..., None].expand(c, G, K, W)).view(rows, 1, K, W)
+        mask = torch.maximum(inherited, visible[:, None, lo + K:lo + 2 * K])
+        paths = paths.gather(1, parent[..., None].expand(G, K, D))
+        paths[:, :, level - 1] = created + best
         created += K * K
-        parent_slot = best // K  # (G, K) index into the current frontier
-        score, tok = c_score.gather(1, best), c_tok.gather(1, best)
-        feat_in = out.gather(1, per_row(parent_slot, rows)[..., None].expand(-1, -1, dim))
-        ancestry = ancestry[gi, parent_slot]  # (G, K, D*K): inherit the parent's ancestors
-        ancestry[:, :, (level - 1) * K:level * K] |= itself
-    all_tok, all_score, all_parent = torch.cat(pool_tok, 1), torch.cat(pool_score, 1), torch.cat(pool_parent, 1)
+    all_tok, all_score = torch.cat(pool_tok, 1), torch.cat(pool_score, 1)  # (G, pool)
     # keep the best `nodes`; a stable sort puts a parent (created first, score >= child) before its children
-    keep = torch.sort(-all_score, dim=1, stable=True).indices[:, : shape.nodes]
-    keep = torch.sort(keep, dim=1).values  # creation order: parents precede children
-    return _tree_from_pool(root_tokens, all_tok.gather(1, keep), all_score.gather(1, keep),
-                           all_parent.gather(1, keep), keep, created, K, D)
+    keep = torch.sort(all_score, dim=1, descending=True, stable=True).indices[:, :n]
+    keep = torch.sort(keep, dim=1).values  # (G, n) creation order: parents precede children
+    depth = plan.pool_depth[keep]  # (G, n)
+    column = (depth - 1)[..., None]  # (G, n, 1) a node's own column in a path over depths 1 .. D
+    parent_paths = torch.cat(tables, 1).gather(1, plan.parent_row[keep][..., None].expand(G, n, D))  # (G, n, D)
+    ids = parent_paths.scatter_(2, column, keep[..., None])  # each kept node's path of pool ids
+    # pool ids -> node ids 1 .. n (every ancestor is kept, and `keep` is ascending); -1 past the node's depth
+    nodes = torch.where(ids >= 0, torch.searchsorted(keep, ids.view(G, n * D)).view(G, n, D) + 1, ids)
+    node_paths = torch.cat([plan.zero.expand(G, n + 1, 1),
+                            torch.cat([plan.root_path.expand(G, 1, D), nodes], 1)], 2)  # (G, n+1, D+1) root first
+    depths = torch.cat([plan.zero.expand(G, 1), depth], 1)  # (G, n+1)
+    parents = torch.cat([plan.no_parent.expand(G, 1), node_paths[:, 1:].gather(2, column)[..., 0]], 1)  # (G, n+1)
+    # node i is an ancestor-or-self of node j iff j's path holds i at i's depth
+    mask = node_paths.gather(2, depths[:, None, :].expand(G, n + 1, n + 1)) == plan.node_ids  # (G, n+1, n+1)
+    tokens = torch.cat([root_tokens[:, None], all_tok.gather(1, keep)], 1)
+    children = children_by_rank(parents, all_score.gather(1, keep), K) if with_children else None
+    return DraftTree(tokens, parents, depths, mask, children, D, None, paths=node_paths)
 
 
-def _tree_from_pool(root_tokens: torch.Tensor, tok: torch.Tensor, score: torch.Tensor, parent_pool: torch.Tensor,
-                    pool_ids: torch.Tensor, pool_size: int, K: int, D: int) -> DraftTree:
-    """Kept pool entries (G, n) in creation order -> tree tensors with per-tree parents, depths, mask, children."""
-    device = tok.device
-    G, n = tok.shape
+def children_by_rank(parents: torch.Tensor, score: torch.Tensor, width: int) -> torch.Tensor:
+    """(G, n+1, width) node ids of each node's children, best cumulative score first, -1 padded, from per-tree
+    parents (G, n+1) (root -1) and the scores (G, n) of nodes 1..n."""
+    device = parents.device
+    G, n = score.shape
     gi = torch.arange(G, device=device)[:, None]
-    node_of_pool = torch.zeros(G, pool_size, dtype=torch.long, device=device)
-    node_of_pool[gi, pool_ids] = torch.arange(1, n + 1, device=device).expand(G, n)
-    parents = torch.cat([torch.full((G, 1), -1, dtype=torch.long, device=device),
-                         torch.where(parent_pool >= 0, node_of_pool.gather(1, parent_pool.clamp(min=0)), 0)], 1)
-    depths = torch.zeros(G, n + 1, dtype=torch.long, device=device)
-    eye = torch.eye(n + 1, dtype=torch.bool, device=device)
-    mask = eye.expand(G, -1, -1).clone()
-    for _ in range(D):  # D rounds settle depth and ancestry (parents precede children)
-        depths[:, 1:] = depths.gather(1, parents[:, 1:]) + 1
-        mask[:, 1:] = mask[gi, parents[:, 1:]] | eye[1:]
-    # children by rank: order by parent, then by score (best first)
-    by_score = torch.sort(-score, dim=1, stable=True).indices
+    by_score = torch.sort(score, dim=1, descending=True, stable=True).indices
     par = parents[:, 1:]
     order = by_score.gather(1, torch.sort(par.gather(1, by_score), dim=1, stable=True).indices)  # (G, n)
     sp = par.gather(1, order)
     counts = torch.zeros(G, n + 1, dtype=torch.long, device=device).scatter_add_(1, par, torch.ones_like(par))
     starts = counts.cumsum(1) - counts
     rank = torch.arange(n, device=device) - starts.gather(1, sp)
-    children = torch.full((G, n + 1, K), -1, dtype=torch.long, device=device)
+    children = torch.full((G, n + 1, width), -1, dtype=torch.long, device=device)
     children[gi, sp, rank] = order + 1
-    tokens = torch.cat([root_tokens[:, None], tok], 1)
-    return DraftTree(tokens, parents, depths, mask, children, D, None)
+    return children

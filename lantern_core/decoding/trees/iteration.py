@@ -31,10 +31,11 @@ from ..acceptance.relaxation import Relaxation, relaxes
 from ..batching import per_row, row_list
 from ..acceptance.position_noise import PositionNoise, race_dtype
 from ..sampling import race
+from ..acceptance.seed_identity import uses_same_as_ar
 from ..step_graphs import SLOT_BUCKET, band_starts, band_window
 from .attention import commit_padded_path, forward_tree
-from .drafting import (DrafterSession, DraftTree, DynamicShape, NodeDistribution, StaticPlan, draft_dynamic,
-                       draft_static, index_tensor, noise_shapes)
+from .drafting import (DrafterSession, DraftTree, DynamicPlan, DynamicShape, NodeDistribution, StaticPlan,
+                       draft_dynamic, draft_static, index_tensor, noise_shapes, plan_dynamic_tree)
 from .specs import TreeSpec
 from .walk import WalkResult, walk_longest_path, walk_same_as_ar, walk_tree
 
@@ -86,13 +87,6 @@ class TreeShape:
     def draft_slots(self) -> int:
         """Drafter cache slots the drafted tree occupies past the committed length."""
         return self.tree.depth * self.tree.top_k if self.dynamic else self.tree.num_nodes
-
-
-def uses_same_as_ar(spec, sampling: SamplingConfig) -> bool:
-    """A sampled tree decoder whose rule is lossless (no relaxation, or one that relaxes nothing) and whose
-    `exact_rule` (a `SpeculativeConfig` or `TreeShape`) is "same_as_ar" verifies with `walk_same_as_ar`."""
-    return (not sampling.greedy and not relaxes(spec.relaxation)
-            and getattr(spec, "exact_rule", "same_as_ar") == "same_as_ar")
 
 
 @dataclass(frozen=True)
@@ -234,14 +228,18 @@ class TreeState:
 
 @dataclass
 class TreeContext:
-    """What an iteration reads besides its state: the two models, the static plan (None for EAGLE-2) and
-    the run's CFG + filters."""
+    """What an iteration reads besides its state: the two models, the tree's plan (a static tree's, or made
+    here for EAGLE-2 when given None: its constants are made before any capture) and the run's CFG + filters."""
 
     model: ImageTransformer
     drafter: EagleDrafter
     shape: TreeShape
-    plan: StaticPlan | None
+    plan: StaticPlan | DynamicPlan | None
     dist: NodeDistribution
+
+    def __post_init__(self) -> None:
+        if self.plan is None and self.shape.dynamic:
+            self.plan = plan_dynamic_tree(self.shape.tree, self.model.tok_embeddings.weight.device)
 
 
 @dataclass
@@ -349,7 +347,8 @@ def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> 
         if not shape.dynamic:  # a depth-d sibling race uses its position's values, shared by all its parents
             noise = [exp[:, d - 1:d].expand(-1, ctx.plan.parents_at[d].numel(), -1) for d in range(1, depth + 1)]
     if shape.dynamic:
-        tree = draft_dynamic(session, ctx.model, shape.tree, root, root_index, ctx.dist, windows.draft)
+        tree = draft_dynamic(session, ctx.model, ctx.plan, root, root_index, ctx.dist, windows.draft,
+                             with_children=not (shape.same_as_ar or shape.sampling.greedy))
     else:
         tree = draft_static(session, ctx.model, ctx.plan, root, root_index, ctx.dist, shape.sampling.greedy, None,
                             noise, windows.draft, keep_laws=not (shape.same_as_ar or shape.sampling.greedy))
@@ -364,7 +363,7 @@ def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> 
     drafted = tree.tokens.gather(1, node[:, 1:])  # (G, depth)
     new = torch.where(k == accepted[:, None], walk.bonus[:, None], torch.cat([drafted, drafted[:, -1:]], 1))  # (G, depth+1)
     # an image finishing now (or done before) keeps its length: its later writes stay inside the cache
-    advance = torch.where(state.done + count < N, count, torch.zeros_like(count))  # (G,)
+    advance = count * (state.done + count < N)  # (G,)
     commit_padded_path(state.cache, state.length, per_row(path, rows))
     slots = state.done[:, None] + k  # (G, depth+1) image-token indices written (the tail past count is stale)
     state.tokens.scatter_(1, slots, new)
@@ -373,11 +372,12 @@ def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> 
     session.consume(picked, per_row(new, rows), count=per_row(count, rows), window=windows.consume,
                     advance=per_row(advance, rows))
     state.length.add_(per_row(advance, rows))
-    state.done.add_(torch.where(active, count, torch.zeros_like(count)))
+    state.done.add_(count * active)
     state.iteration.add_(active.long())
     # run counters of the images still decoding, on the device
     state.histogram.scatter_add_(1, accepted[:, None], active.long()[:, None])
-    state.by_node.index_add_(0, node.reshape(-1), ((path >= 0) & active[:, None]).long().reshape(-1))
+    if not shape.dynamic:  # node ids name the same place in every static tree only
+        state.by_node.index_add_(0, node.reshape(-1), ((path >= 0) & active[:, None]).long().reshape(-1))
     if relaxes(shape.relaxation):  # an exact rule absorbs nothing
         absorbed = walk.absorbed * active[:, None]  # (G, depth) zero past the accepted drafts and for done images
         state.absorbed.copy_(torch.stack([state.absorbed[0] + absorbed.sum(),

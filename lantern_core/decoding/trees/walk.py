@@ -27,7 +27,7 @@ class WalkResult:
     path: torch.Tensor  # (B, depth+1) node ids root first, -1 after the last accepted node
     accepted: torch.Tensor  # (B,) drafted tokens accepted (path length - 1)
     bonus: torch.Tensor  # (B,) token drawn from the target after the accepted path
-    absorbed: torch.Tensor  # (B, depth) relaxed mass moved onto each accepted token (0 when exact)
+    absorbed: torch.Tensor | None  # (B, depth) relaxed mass moved onto each accepted token (None: an exact walk)
 
 
 def greedy_children(scores: torch.Tensor, child_tokens: torch.Tensor, valid: torch.Tensor,
@@ -118,8 +118,10 @@ def walk_same_as_ar(draws: torch.Tensor, parents: torch.Tensor, depths: torch.Te
     ok = ~(mask[..., 1:] & ~passes[:, None, :]).any(-1)  # (G, n+1): the node and every ancestor below the root pass
     end = torch.where(ok, depths, -1).argmax(-1)  # (G,) the deepest accepted node
     accepted = depths.gather(1, end[:, None])[:, 0]
-    if paths is not None:
+    if paths is not None and paths.dim() == 2:
         path = paths[end]  # (G, depth+1)
+    elif paths is not None:  # per tree (G, n+1, depth+1)
+        path = paths.gather(1, end[:, None, None].expand(G, 1, paths.shape[-1]))[:, 0]
     else:
         gi = torch.arange(G, device=device)
         on_path = mask.expand(G, n1, n1)[gi, end]  # (G, n+1) ancestors-or-self of the end node
@@ -127,7 +129,7 @@ def walk_same_as_ar(draws: torch.Tensor, parents: torch.Tensor, depths: torch.Te
         at_depth = on_path[:, None, :] & (depths[:, None, :] == steps[None, :, None])  # (G, depth+1, n+1)
         path = torch.where(at_depth.any(-1), at_depth.float().argmax(-1), -1)  # (G, depth+1)
     bonus = draws.gather(1, end[:, None])[:, 0]
-    return WalkResult(path, accepted, bonus, torch.zeros(G, depth, device=device))
+    return WalkResult(path, accepted, bonus, None)
 
 
 def relaxed_greedy_passes(scores: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, rule: Relaxation | None,
