@@ -15,7 +15,8 @@ from lantern_core.decoding.trees.drafting import (DrafterSession, DraftTree, Dyn
                                                   draft_dynamic, draft_static, index_tensor,
                                                   plan_dynamic_tree, plan_static_tree, prefix_inputs,
                                                   sample_without_replacement)
-from lantern_core.decoding.trees.iteration import verify_tree
+from lantern_core.decoding.acceptance.position_noise import PositionNoise
+from lantern_core.decoding.trees.iteration import tree_positions, verify_tree
 from lantern_core.layout import extend_neighbors
 from lantern_core.models.kv_cache import window_mask
 
@@ -40,6 +41,7 @@ def reference_tokens(model, drafter, condition, sampling, spec, generator, neigh
     out = [int(first[0])]
     depth, width = (spec.dynamic.depth, spec.dynamic.top_k) if plan is None else (plan.spec.depth, plan.children.shape[-1])
     table = None if sampling.greedy else torch.rand(N, 1, depth, width + 1, generator=generator)  # every walk's, up front
+    positions = PositionNoise.of(generator, 1, N + depth + 2, model.config.vocab_size, "cpu")
     session = DrafterSession(drafter, rows, max_len, key_valid)
     fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first[:1], rows, T)
     session.consume(hidden, fed, embeddings)
@@ -49,7 +51,12 @@ def reference_tokens(model, drafter, condition, sampling, spec, generator, neigh
         done = len(out)
         root = torch.tensor([out[-1]])
         if plan is not None:
-            tree = draft_static(session, model, plan, root, done - 1, dist, sampling.greedy, generator)
+            noise = None  # a sampled tree's children race with the position noise of their positions
+            if not sampling.greedy:
+                exp = positions.exp_at(tree_positions(done - 1, plan.spec.depth, torch.device("cpu")))
+                noise = [exp[:, d - 1:d].expand(-1, plan.parents_at[d].numel(), -1)
+                         for d in range(1, plan.spec.depth + 1)]
+            tree = draft_static(session, model, plan, root, done - 1, dist, sampling.greedy, generator, noise)
         else:
             tree = draft_dynamic(session, model, dynamic_plan, root, done - 1, dist)
         uniforms = None if table is None else table[iteration]

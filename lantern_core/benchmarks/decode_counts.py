@@ -464,11 +464,10 @@ def markdown(report: dict) -> str:
               "step's 'sampling' part is CFG, filters and the draw. 'Host reads / iteration (loop)' counts every "
               "read the decode loop makes per iteration, the decoder's bookkeeping included; reads inside a step must "
               "be 0. 'Generator calls / iteration' counts the random-number kernels the loop launches per iteration "
-              "outside the step: AR and the lossless trees hash position noise inside the step (no generator), "
-              "the Jacobi modes and the residual and relaxed tree rules draw their noise once per image up front, "
-              "except sampled static trees under those rules, whose drafter draws depth x siblings x vocabulary "
-              "Exp(1) values per iteration (too many to hold for a whole image) into one table: one call per "
-              "iteration and image. Goals: an AR step <= 24 kernels per layer eager and <= 12 compiled; a sampled "
+              "outside the step: every race (AR's, the drafter's, the AR-identical judge's) hashes the position "
+              "noise of the image's seed inside the step or fills a Jacobi table from it once per image, and the "
+              "residual and relaxed rules' acceptance uniforms are drawn once per image up front: 0 everywhere. "
+              "Goals: an AR step <= 24 kernels per layer eager and <= 12 compiled; a sampled "
               "57-node static-tree or EAGLE-2 iteration <= 300 kernels beyond its verification forward eagerly, "
               "<= 250 compiled; at most one host read per iteration."]
     if report.get("layouts"):

@@ -50,7 +50,7 @@ from .sampling import NodeDistributions, fill_per_image, pick_tokens
 from .step_graphs import RunLayout, layout_for
 from .trees.config import SpeculativeConfig, check_tree_fits
 from .trees.drafting import plan_static_tree, prefix_inputs
-from .trees.iteration import TreeContext, TreeShape, TreeState, draw_iteration_noise, tree_iteration, tree_windows
+from .trees.iteration import TreeContext, TreeShape, TreeState, tree_iteration, tree_windows
 from .trees.prefix_states import drafter_features
 
 META = torch.device("meta")
@@ -301,7 +301,6 @@ def _dry_tree(model: ImageTransformer, drafter, make_prefix, spec: SpeculativeCo
         fed, embeddings = prefix_inputs(drafter, model, prefix.token_ids, first, rows, T)
         features = drafter_features(model, prefix, hidden, drafter.config.prefix_states)
         state.session.consume(features, fed, embeddings)
-        draw_iteration_noise(state, [None] * G)
         tree_iteration(TreeContext(model, drafter, shape, plan, dist), state,
                        tree_windows(_last_length(T, model), shape, layout.exact, layout.compiled))
         if layout.exact and G > 1:  # images that finish leave the batch: the others' state is copied
@@ -331,7 +330,7 @@ def _dry_jacobi(model: ImageTransformer, make_prefix, config: JacobiConfig, samp
         context = JacobiContext(model, shape, dist)
         first_p = context.target(model.logits(hidden[:, -1:]), torch.zeros(1, dtype=torch.long, device=META))[:, 0]
         state.start_image(T, first_p.argmax(-1), first_p)
-        draw_position_noise(state, [None] * G, shape.same_as_ar)
+        draw_position_noise(state, [None] * G)
         if not sampling.greedy:
             fill_per_image(state.uniforms, [None] * G)
         _, keys = jacobi_window(_last_length(T, model), shape, layout.exact, layout.compiled)

@@ -38,11 +38,13 @@ OUTSIDE_LAYERS_BUDGET = 45
 MODE_BUDGETS = {
     "static_tree naive_extend_57": 285,  # 279 when set (frame and additive masks made once per iteration); 298 before,
     # 722 with the residual rule's walk, 872 before its lean sibling loop and mask
-    "lantern_pp lambda 5 (naive_extend_57)": 1100,
+    "lantern_pp lambda 5 (naive_extend_57)": 1125,  # 1110 when set: the drafter races with position noise hashed
+    # in the step (20 kernels) instead of a table a generator filled before every iteration
     "eagle2 d5 k10 n58": 300,  # 296 when set (frontier masks and pool-id paths carried level by level, the tree
     # read off the kept paths); 453 with masks rebuilt per level and parents chased depth by depth, 1227 before
     # its top-k siblings were tested in closed form
-    "static_tree naive_extend_57 residual rule": 675,  # 665 when set; 872 before the lean sibling loop and drafting
+    "static_tree naive_extend_57 residual rule": 695,  # 685 when set (position noise hashed in the step); 872
+    # before the lean sibling loop and drafting
     "eagle2 d5 k10 n58 residual rule": 530,  # 522 when set
     "lantern delta 0.1 (eagle2 d5 k10 n58)": 1890,
     "static_tree naive_extend_57 greedy": 250,  # 245 when set (greedy walks with the AR-identical rule); 458 before
@@ -126,12 +128,9 @@ def test_every_mode_stays_within_its_budget_and_reads_the_host_once_per_iteratio
     assert count.host_reads_per_iteration <= 1.0, count.reads  # the done counts, nothing else
     assert not count.stray_factories, f"made off the step's device (CUDA graph capture refuses): {count.stray_factories}"
     assert count.rng_kernels == 0  # noise is drawn before the iteration, outside any captured region
-    relaxed = name in trees and trees[name][0].relaxation is not None
-    residual = name in trees and (relaxed or trees[name][0].exact_rule == "residual")
-    if residual and not trees[name][1] and "eagle2" not in name:  # sampled static trees: Exp(1) per level
-        assert 0 < count.rng_per_iteration <= trees[name][0].static_tree.depth, count.kinds  # one call per level at most
-    else:  # everything else hashes position noise in the step, or drew its noise once per image up front
-        assert count.rng_per_iteration == 0, count.kinds
+    # every race hashes position noise in the step, and every other draw was made once per image up front: no
+    # iteration calls a generator (sampled static trees under the residual and relaxed rules once did, per level)
+    assert count.rng_per_iteration == 0, count.kinds
 
 
 @pytest.mark.parametrize("layout", [label for label, _ in decode_counts.PROMPTED_LAYOUTS])

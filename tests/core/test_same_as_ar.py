@@ -130,8 +130,10 @@ def test_lossless_jacobi_windows_give_ar_tokens_for_the_seed(embedded, name):
     assert result.stats.mean_accepted_length > 1.5
 
 
-def test_jacobi_filters_the_gpu_layout_and_batch_positions_keep_ar_tokens(embedded):
-    config = JACOBI["sjd_coupled w4"]
+@pytest.mark.parametrize("name", ["sjd_coupled w4", "sjd_coupled proactive 4 x depth 3 w8",
+                                  "lossless 2-D proactive 3 x depth 3"])
+def test_jacobi_filters_the_gpu_layout_and_batch_positions_keep_ar_tokens(embedded, name):
+    config = JACOBI[name]
     expected = ar_tokens(embedded[0], FILTERED)
     assert torch.equal(speculative_run(embedded, config, FILTERED, layout="gpu path").tokens, expected)
     assert torch.equal(speculative_run(embedded, config, FILTERED, labels=LABELS[1:2], seed=SEED + 1).tokens[0], expected[1])

@@ -27,23 +27,20 @@ from .state import JacobiContext, JacobiState
 NOISE_BLOCK = 16  # positions hashed at once when AR's noise fills a Jacobi table
 
 
-def draw_position_noise(state: JacobiState, generators: list, same_as_ar: bool = False) -> None:
-    """Coupled drafts and proactive leaves: one Gumbel noise row per absolute image position, image g's from
-    `generators[g]` (a single run of it draws the same); nothing without a noise table. `same_as_ar`: AR's own
-    noise instead (-log E of `PositionNoise`, keyed by the seeds), the values the judge races with."""
+def draw_position_noise(state: JacobiState, generators: list) -> None:
+    """Coupled drafts, proactive leaves and the AR-identical judge: one Gumbel row per absolute image position,
+    AR's own noise (-log E of `PositionNoise`, keyed by each image's seed), so every rule's drafts race as AR
+    does; nothing without a noise table. A position's row decides its drafts until the judge rules on it, and
+    a judged position is committed, so no row meets a verdict twice. Filled in blocks of positions: the hash's
+    int64 temporaries stay small next to the table."""
     if state.gumbel is None:
         return
+    G, P, V = state.gumbel.shape
     device = state.gumbel.device
-    if same_as_ar:  # in blocks of positions: the hash's int64 temporaries stay small next to the table
-        G, P, V = state.gumbel.shape
-        noise = PositionNoise.of(generators, G, P, V, device)
-        for start in range(0, P, NOISE_BLOCK):
-            positions = torch.arange(start, min(P, start + NOISE_BLOCK), device=device)
-            state.gumbel[:, start:start + positions.numel()] = noise.exp_at(positions).log().neg_()
-        return
-    for g, generator in enumerate(generators):
-        u = torch.rand(state.gumbel.shape[1:], generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
-        state.gumbel[g].copy_(-(-u.log()).log())
+    noise = PositionNoise.of(generators, G, P, V, device)
+    for start in range(0, P, NOISE_BLOCK):
+        positions = torch.arange(start, min(P, start + NOISE_BLOCK), device=device)
+        state.gumbel[:, start:start + positions.numel()] = noise.exp_at(positions).log().neg_()
 
 
 def jacobi_runner(model: ImageTransformer, shape: JacobiShape, dist: NodeDistributions,
@@ -93,7 +90,7 @@ def decode_batch(model: ImageTransformer, config: JacobiConfig, request: BatchRe
         else:
             first = sample_from_probs(first_p, torch.cat([torch.rand(1, generator=g, device=device) for g in generators]))
         state.start_image(T, first, first_p)
-        draw_position_noise(state, generators, shape.same_as_ar)
+        draw_position_noise(state, generators)
         if not sampling.greedy and not shape.same_as_ar:  # every iteration's uniforms, per image, before the first one
             fill_per_image(state.uniforms, generators)
         progress_tokens(out, state.canvas, state.done)

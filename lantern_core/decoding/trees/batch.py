@@ -20,8 +20,7 @@ from ..sampling import NodeDistributions, fill_per_image, pick_tokens
 from ..step_graphs import RunLayout, StepRunner, layout_for, runner
 from .config import SpeculativeConfig
 from .drafting import StaticPlan, prefix_inputs
-from .iteration import (TreeContext, TreeShape, TreeState, band_windows, draw_iteration_noise, tree_iteration,
-                        tree_windows)
+from .iteration import TreeContext, TreeShape, TreeState, band_windows, tree_iteration, tree_windows
 from .prefix_states import drafter_features
 
 
@@ -87,18 +86,16 @@ def decode_batch(model: ImageTransformer, drafter: EagleDrafter, spec: Speculati
         reader = DoneReader(state.done, late=not layout.exact)  # captured loops read one iteration late
         lag = shape.depth + 1 if reader.late else 0  # tokens an image may have gained since the counts were read
         while progress.running:
-            draw_iteration_noise(state, generators, progress.active)
             step_runner.run(tree_windows(T + progress.furthest_after(lag) - 1, shape, layout.exact, layout.compiled))
             tally.batch_iterations += 1
             progress.update(reader.read(state.done))  # the one host read per iteration
             progress_tokens(out, state.tokens, state.done, progress.index)
             sink.report(progress.total)
-            smaller, keep = retire_finished(state, progress, sink, guided) if layout.exact else (None, None)
+            smaller, _ = retire_finished(state, progress, sink, guided) if layout.exact else (None, None)
             if smaller is not None:
                 tally.add_steps(step_runner)  # the runner it leaves
                 state, shape = smaller, replace(shape, rows=smaller.length.shape[0])
                 step_runner = eager_tree_runner(model, drafter, shape, plan, dist, state)
-                generators = [generators[g] for g in keep]
         record_batch(state, progress, sink)
         tally.add_steps(step_runner)
     finally:

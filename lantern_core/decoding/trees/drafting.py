@@ -277,18 +277,14 @@ def index_tensor(index: int | torch.Tensor, device: torch.device) -> torch.Tenso
     return index.reshape(1) if index.numel() == 1 else index.reshape(-1, 1)
 
 
-def noise_shapes(plan: StaticPlan, trees: int, vocab: int) -> list[tuple[int, int]]:
-    """Shapes of the Exp(1) draws one sampled static tree takes, depth by depth (`draft_static`'s `noise`)."""
-    return [(trees * plan.parents_at[d].numel(), vocab) for d in range(1, plan.spec.depth + 1)]
-
-
 def draft_static(session: DrafterSession, target: ImageTransformer, plan: StaticPlan, root_tokens: torch.Tensor,
                  root_index: int | torch.Tensor, distribution: NodeDistribution, greedy: bool,
                  generator: torch.Generator | None, noise: list[torch.Tensor] | None = None,
                  window: int | None = None, keep_laws: bool = True) -> DraftTree:
     """Fill G static trees (root_tokens (G,)): children of each node sampled without replacement from its
     drafter distribution (top-c when greedy). root_index = image-token index of the root tokens (an int or
-    a device tensor). `noise` (shapes `noise_shapes`) replaces the per-depth draws from `generator`;
+    a device tensor). `noise` (one (G, P_d, V) Exp(1) table per depth, P_d the depth's parents) replaces the
+    per-depth draws from `generator`;
     `window` is the drafter's static attention extent (see `DrafterSession.expand`).
 
     Level by level: a level's parents are the previous level's expanded nodes in the same order, so each level

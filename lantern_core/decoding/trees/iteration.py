@@ -10,12 +10,12 @@ frozen until the batch ends (or leaves the batch, `TreeState.select`, on devices
 never reads the host and never branches on a tensor value, so one call runs eagerly, under
 `torch.compile(fullgraph=True)` or replayed from a CUDA graph (`step_graphs.py`). Accepted paths have a
 fixed size (depth + 1, padded past the accepted count): the padded tail is written where the next
-iteration overwrites it. Randomness is drawn outside any captured region: the walk's uniforms once per image
-before its first iteration (`sampling.fill_per_image`: one row per iteration the image can take, picked inside the
-iteration by the image's own counter), and a sampled static tree's Exp(1) draws before each iteration
-(`draw_iteration_noise`: depth x siblings x vocabulary values per iteration, too many to hold for a whole
-image), so the same seed gives the same tokens eagerly and captured, and image g draws what a single run of it
-draws. The decode loop and prefill are in `trees/batch.py`, the tree choice in `trees/auto.py`.
+iteration overwrites it. The drafter's and the target's races hash the position noise of the image's seed
+inside the step (`acceptance/position_noise.py`: a function of the seed, the image and the position alone); the
+residual and relaxed walks' uniforms are drawn once per image before its first iteration
+(`sampling.fill_per_image`: one row per iteration the image can take, picked inside the iteration by the image's
+own counter), so no iteration calls a generator, the same seed gives the same tokens eagerly and captured, and
+image g draws what a single run of it draws. The decode loop and prefill are in `trees/batch.py`, the tree choice in `trees/auto.py`.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from ..acceptance.seed_identity import uses_same_as_ar
 from ..step_graphs import SLOT_BUCKET, band_starts, band_window
 from .attention import commit_padded_path, forward_tree
 from .drafting import (DrafterSession, DraftTree, DynamicPlan, DynamicShape, NodeDistribution, StaticPlan,
-                       draft_dynamic, draft_static, index_tensor, noise_shapes, plan_dynamic_tree)
+                       draft_dynamic, draft_static, index_tensor, plan_dynamic_tree)
 from .specs import TreeSpec
 from .walk import WalkResult, walk_longest_path, walk_same_as_ar, walk_tree
 
@@ -68,6 +68,13 @@ class TreeShape:
     @property
     def dynamic(self) -> bool:
         return isinstance(self.tree, DynamicShape)
+
+    @property
+    def sampled_drafts(self) -> bool:
+        """Whether the drafter samples its children (static trees, not greedy), racing with the position noise of
+        each child's position under every rule: a position's noise decides drafts until the walk judges it,
+        and a judged position is committed, so its noise never meets a verdict twice."""
+        return not self.dynamic and not self.sampling.greedy
 
     @property
     def trees(self) -> int:
@@ -134,7 +141,6 @@ class TreeState:
     done: torch.Tensor  # (G,) long: image tokens decoded (the root of the next tree is tokens[g, done - 1])
     tokens: torch.Tensor  # (G, N + 2 (depth + 1)) long: the images, padded by two paths
     per_cell: torch.Tensor  # (G, N + 2 (depth + 1)) int32: tokens accepted by the forward that produced each cell
-    noise: list[torch.Tensor]  # Exp(1) draws per depth for sampled static trees, (G, P_d, V) views of `draws`
     position: PositionNoise  # each image's position noise (bases (G, N + 2 (depth + 1))), filled per run
     uniforms: torch.Tensor  # (G, N, depth, C + 1) the walk's uniforms per image, row t for its iteration t (one row
     # when the walk draws none: `TreeShape.walk_uniforms`)
@@ -145,7 +151,6 @@ class TreeState:
     absorbed: torch.Tensor  # (2,) float32: relaxed mass summed and max over accepted tokens
     relaxed: torch.Tensor  # () long: accepted tokens that used absorbed mass
     forwards_per_iteration: int = 0  # drafter forwards one iteration runs
-    draws: torch.Tensor | None = None  # (G, sum_d P_d V) every depth's Exp(1) draws, image by image (or None)
 
     @classmethod
     def allocate(cls, model: ImageTransformer, drafter: EagleDrafter, shape: TreeShape, plan: StaticPlan | None,
@@ -155,15 +160,13 @@ class TreeState:
         session = DrafterSession(drafter, shape.rows, shape.slots, key_valid)
         V, G = model.config.vocab_size, shape.trees
         width = shape.tree.top_k if shape.dynamic else plan.children.shape[-1]
-        sampled = not shape.dynamic and not shape.sampling.greedy and not shape.same_as_ar
-        draws = torch.ones(G, sum(p * v for p, v in noise_shapes(plan, 1, V)), device=device) if sampled else None
         padded = shape.image_tokens + 2 * (shape.depth + 1)
         levels = shape.depth - 1 if shape.dynamic else sum(1 for g in plan.expand_at[1:] if g.numel())
         long = dict(dtype=torch.long, device=device)
         return cls(
             cache=model.allocate_cache(shape.rows, shape.slots), key_valid=key_valid, session=session,
             length=torch.zeros(shape.rows, **long), done=torch.ones(G, **long), tokens=torch.zeros(G, padded, **long),
-            per_cell=torch.ones(G, padded, dtype=torch.int32, device=device), noise=depth_noise(draws, plan, V),
+            per_cell=torch.ones(G, padded, dtype=torch.int32, device=device),
             position=PositionNoise.allocate(G, padded, V, device),  # root + depth + 1 < N + 2 (depth + 1)
             uniforms=torch.full((G, shape.image_tokens if shape.walk_uniforms else 1, shape.depth, width + 1), 0.5,
                                 device=device),
@@ -171,7 +174,7 @@ class TreeState:
             neighbors=None if neighbors is None else torch.zeros_like(neighbors),
             histogram=torch.zeros(G, shape.depth + 1, **long), by_node=torch.zeros(shape.nodes + 1, **long),
             absorbed=torch.zeros(2, device=device), relaxed=torch.zeros((), **long),
-            forwards_per_iteration=levels + 1, draws=draws)
+            forwards_per_iteration=levels + 1)
 
     def reset_counters(self) -> None:
         for t in (self.histogram, self.by_node, self.absorbed, self.relaxed):
@@ -193,9 +196,9 @@ class TreeState:
         self.session.reset(start)
 
     def select(self, images: list[int], guided: bool) -> "TreeState":
-        """The state of images `images` (ascending) only (their rows of both caches, their tokens, noise and
-        counters; the run totals carried over): a smaller batch for devices that run eagerly, where an image
-        that is done would otherwise still cost its share of every forward. The caches, noise and uniforms are
+        """The state of images `images` (ascending) only (their rows of both caches, their tokens, position noise
+        and counters; the run totals carried over): a smaller batch for devices that run eagerly, where an image
+        that is done would otherwise still cost its share of every forward. The caches and uniforms are
         compacted in place (`kv_cache.keep_rows`), so no second copy of them is ever alive: this state must
         not be used after (its small tensors are copied)."""
         G, device = self.done.shape[0], self.done.device
@@ -204,18 +207,15 @@ class TreeState:
         index = torch.tensor(rows, dtype=torch.long, device=device)
         key_valid = self.key_valid.index_select(0, index)
 
-        draws = None if self.draws is None else keep_rows(self.draws, images)  # (len(images), sum_d P_d V)
-        sizes = [b.shape[1:] for b in self.noise]  # (P_d, V) per depth
         return TreeState(
             cache=self.cache.keep_rows(rows), key_valid=key_valid, session=self.session.keep_rows(rows, key_valid),
             length=self.length.index_select(0, index), done=self.done.index_select(0, keep),
             tokens=self.tokens.index_select(0, keep), per_cell=self.per_cell.index_select(0, keep),
-            noise=split_noise(draws, sizes), position=self.position.keep_rows(keep),
+            position=self.position.keep_rows(keep),
             uniforms=keep_rows(self.uniforms, images),
             iteration=self.iteration.index_select(0, keep),
             neighbors=self.neighbors, histogram=self.histogram.index_select(0, keep), by_node=self.by_node,
-            absorbed=self.absorbed, relaxed=self.relaxed, forwards_per_iteration=self.forwards_per_iteration,
-            draws=draws)
+            absorbed=self.absorbed, relaxed=self.relaxed, forwards_per_iteration=self.forwards_per_iteration)
 
     def release(self) -> None:
         self.cache.release()
@@ -299,33 +299,6 @@ def tree_positions(root_index: int | torch.Tensor, depth: int, device: torch.dev
     return index_tensor(root_index, device) + torch.arange(1, depth + 2, device=device)
 
 
-def split_noise(draws: torch.Tensor | None, sizes: list[torch.Size]) -> list[torch.Tensor]:
-    """Per-depth views (G, P_d, V) of the draws (G, sum_d P_d V), laid out image by image, depth by depth."""
-    if draws is None:
-        return []
-    views, start = [], 0
-    for parents, vocab in sizes:
-        views.append(draws[:, start:start + parents * vocab].unflatten(1, (parents, vocab)))  # (G, P_d, V)
-        start += parents * vocab
-    return views
-
-
-def depth_noise(draws: torch.Tensor | None, plan: StaticPlan | None, vocab: int) -> list[torch.Tensor]:
-    return [] if draws is None else split_noise(draws, [torch.Size(s) for s in noise_shapes(plan, 1, vocab)])
-
-
-def draw_iteration_noise(state: TreeState, generators: list[torch.Generator | None],
-                         active: list[bool] | None = None) -> None:
-    """Before each iteration of a sampled static tree: the drafter's Exp(1) draws for every depth, image g's in
-    one call from `generators[g]` (one launch per image, not per image and depth). Images not `active` (done)
-    draw nothing; other trees draw nothing here. Runs eagerly, outside capture."""
-    if state.draws is None:
-        return
-    for g, generator in enumerate(generators):
-        if active is None or active[g]:
-            state.draws[g].exponential_(generator=generator)
-
-
 def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> None:
     """Draft a tree per image from its last accepted token, verify all of them in one target forward, accept
     a path per image, and advance: tokens[g, done ..] get the accepted drafts and the bonus token, both caches
@@ -341,8 +314,8 @@ def tree_iteration(ctx: TreeContext, state: TreeState, windows: TreeWindows) -> 
         table = state.uniforms
         row = state.iteration.clamp(max=table.shape[1] - 1)[:, None, None, None].expand(-1, 1, *table.shape[2:])
         uniforms = table.gather(1, row)[:, 0]  # (G, depth, C + 1) this iteration's
-    noise, exp = state.noise or None, None
-    if shape.same_as_ar:  # Exp(1) values of positions root+1 .. root+depth+1 (G, depth+1, V), from the seeds
+    noise, exp = None, None
+    if shape.same_as_ar or shape.sampled_drafts:  # Exp(1) values of positions root+1 .. root+depth+1 (G, depth+1, V)
         exp = state.position.exp_at(tree_positions(root_index, depth, root.device))
         if not shape.dynamic:  # a depth-d sibling race uses its position's values, shared by all its parents
             noise = [exp[:, d - 1:d].expand(-1, ctx.plan.parents_at[d].numel(), -1) for d in range(1, depth + 1)]
