@@ -127,7 +127,7 @@ step_command() {  # CMD: step $1's command, with the GPU's arguments or (dry) ti
       tiny=(--model tiny --iterations 2 --compile graphs auto) ;;
     speculative)
       gpu=(--dtype bfloat16 --images 4 --round 4 --only eagle2 static_tree "lantern delta=0.1" "lantern_pp lambda=5"
-           "sjd_coupled 2-D" "sjd continuation proactive")
+           "sjd_coupled 2-D" "sjd continuation proactive 4 (SJD-PAC)")
       tiny=(--images 1 --round 1 --only "sjd_coupled 2-D") ;;
     same_seed)  # bf16 and float32 tokens of the lossless trees against AR's, eager and replayed
       gpu=(--dtype bfloat16 float32 --compile off graphs --images 2)

@@ -12,6 +12,7 @@ from lantern_core.decoding.generate import prefill
 from lantern_core.decoding.jacobi.judge import judge_window
 from lantern_core.decoding.jacobi.iteration import forward_window
 from lantern_core.decoding.sampling import sample_from_probs
+from lantern_core.decoding.acceptance.position_noise import PositionNoise
 from lantern_core.decoding.sampling import NodeDistributions
 from lantern_core.layout import extend_neighbors
 
@@ -27,9 +28,9 @@ class DraftWindow:
         self.canvas = torch.zeros(N + window + 1, dtype=torch.long, device=device)
         self.uniform = torch.full((window, V), 1.0 / V, device=device)
         self.gumbel = None
-        if config.coupled and not greedy:
-            u = torch.rand(N + window + 1, V, generator=generator, device=device).clamp_(min=1e-20, max=1 - 1e-7)
-            self.gumbel = -(-u.log()).log()
+        if config.coupled and not greedy:  # AR's position noise of the image's seed, as -log E (no generator draw)
+            noise = PositionNoise.of(generator, 1, N + window + 1, V, device)
+            self.gumbel = noise.exp_at(torch.arange(N + window + 1, device=device)).log().neg_()[0]
 
     def _draw(self, probs, start, uniforms):
         if self.greedy:

@@ -41,6 +41,8 @@ MODES = {
     "lantern_pp lambda 1": SpeculativeConfig(static_tree=NAIVE_EXTEND_57, relaxation=Relaxation(k=10, lam=1.0)),
     "sjd_coupled w8": JacobiConfig(8, coupled=True, init="sample_left"),
     "sjd w16": JacobiConfig(16, init="sample_left"),
+    "sjd continuation w8": JacobiConfig(8, init="sample_left", continuation=True),
+    "sjd_coupled proactive 4 w8": JacobiConfig(8, coupled=True, init="sample_left", proactive=4),
 }
 
 
