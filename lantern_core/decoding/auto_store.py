@@ -40,6 +40,11 @@ def device_name(device: torch.device) -> str:
     return device.type
 
 
+def image_shape(model) -> tuple[int, int]:
+    """(image tokens, row stride): what a grid view of one model's weights draws (part of every auto key)."""
+    return model.config.num_image_tokens, model.config.row_stride
+
+
 def entry_key(*parts) -> str:
     """A stable key for the parts a choice depends on (their repr, hashed)."""
     return hashlib.sha256(repr(parts).encode()).hexdigest()

@@ -25,7 +25,7 @@ from ...conditioning import Condition
 from ...config import SamplingConfig
 from ...models.gpt import ImageTransformer
 from .. import auto_store
-from ..auto_store import weights_digest
+from ..auto_store import image_shape, weights_digest
 from ..batching import BatchRequest, BatchSink, RunTally
 from ..cost_curve import CostCurve, verify_times
 from ..acceptance.seed_identity import image_follows_choice
@@ -52,7 +52,7 @@ def auto_window(model: ImageTransformer, condition: Condition, sampling: Samplin
     weight = model.tok_embeddings.weight
     if image_follows_choice(config, sampling, weight.dtype):
         batch = 1
-    shape = (model.config.num_image_tokens, model.config.row_stride)
+    shape = image_shape(model)
     key = (_auto_key(sampling, config, weight.device, weight.dtype), shape, batch)
     cached = _WINDOWS.setdefault(weights_digest(model), {})
     stored_key = auto_store.entry_key("window", weights_digest(model), auto_store.device_name(weight.device),

@@ -30,7 +30,7 @@ from ...models.kv_cache import KVCache, attention_mask, window_mask
 from ..acceptance.siblings import normalise
 from ..batching import per_row
 from ..sampling import sample_from_probs
-from .judge import StaticVerdict, judge_run
+from .judge import judge_run, judge_same_as_ar
 from .proactive import draw_leaves, judge_leaves_same_as_ar, judge_with_leaves, move_leaf_key
 from .rows import RowLanes, raster_mask, row_lanes
 from .shape import DRAWN_INITS, JacobiShape, draft_offsets, query_blocks, query_offsets
@@ -60,18 +60,6 @@ def _draw(shape: JacobiShape, state: JacobiState, probs: torch.Tensor, positions
     source = torch.where(had[..., None], normalise((probs - law).clamp(min=0), probs), probs)
     fresh = sample_from_probs(source.reshape(G * D, V), uniforms[:, :D].reshape(-1)).view(G, D)
     return torch.where(keep, current, fresh)
-
-
-def judge_same_as_ar(filtered: torch.Tensor, gumbel: torch.Tensor, drafts: torch.Tensor,
-                     width: torch.Tensor) -> StaticVerdict:
-    """AR's own draws at the W+1 window positions, filtered (G, W+1, V) + gumbel (G, W+1, V) raced as AR races
-    them (the table holds -log E, so x + g is AR's x - log E bit for bit); drafts (G, W) pass while they equal
-    those draws (never past `width`); the token after the run is the draw there. Every emitted token is AR's."""
-    W = drafts.shape[1]
-    draws = (filtered + gumbel).argmax(-1)  # (G, W+1)
-    ok = (drafts == draws[:, :W]) & (torch.arange(W, device=drafts.device) < width[:, None])
-    a = ok.long().cumprod(1).sum(1)  # (G,) the leading run
-    return StaticVerdict(a, draws.gather(1, a[:, None])[:, 0], torch.zeros_like(drafts, dtype=filtered.dtype))
 
 
 def position_noise(state: JacobiState, positions: torch.Tensor) -> torch.Tensor:

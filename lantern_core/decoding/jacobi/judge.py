@@ -103,3 +103,15 @@ def judge_run(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, uniforms: 
         probs = torch.where((a < width)[:, None], residual_distribution(p_a, q_row), p_a)
         token = sample_from_probs(probs, uniforms.gather(1, width.clamp(min=0)[:, None])[:, 0])
     return StaticVerdict(a, token, torch.where(cols < a[:, None], gain, torch.zeros_like(gain)))
+
+
+def judge_same_as_ar(filtered: torch.Tensor, gumbel: torch.Tensor, drafts: torch.Tensor,
+                     width: torch.Tensor) -> StaticVerdict:
+    """AR's own draws at the W+1 window positions, filtered (G, W+1, V) + gumbel (G, W+1, V) raced as AR races
+    them (the table holds -log E, so x + g is AR's x - log E bit for bit); drafts (G, W) pass while they equal
+    those draws (never past `width`); the token after the run is the draw there. Every emitted token is AR's."""
+    W = drafts.shape[1]
+    draws = (filtered + gumbel).argmax(-1)  # (G, W+1)
+    ok = (drafts == draws[:, :W]) & (torch.arange(W, device=drafts.device) < width[:, None])
+    a = ok.long().cumprod(1).sum(1)  # (G,) the leading run
+    return StaticVerdict(a, draws.gather(1, a[:, None])[:, 0], torch.zeros_like(drafts, dtype=filtered.dtype))

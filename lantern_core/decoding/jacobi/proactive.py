@@ -32,6 +32,7 @@ from ...models.kv_cache import KVCache
 from ..acceptance.siblings import accept_siblings, normalise
 from ..batching import per_row
 from ..sampling import sample_from_probs
+from .judge import judge_same_as_ar
 from .shape import query_blocks, query_offsets
 
 
@@ -147,16 +148,15 @@ def judge_leaves_same_as_ar(filtered: torch.Tensor, leaf_filtered: torch.Tensor,
     G, W = drafts.shape
     _, D, K1 = leaves.shape
     V = filtered.shape[-1]
-    draws = (filtered + gumbel).argmax(-1)  # (G, W+1) AR's draw at each chain position
-    ok = (drafts == draws[:, :W]) & (torch.arange(W, device=drafts.device) < width[:, None])
-    run = ok.long().cumprod(1).sum(1)  # (G,) candidate-0 drafts accepted
+    chain = judge_same_as_ar(filtered, gumbel, drafts, width)  # the chain's run and AR's draw where it stops
+    run = chain.accepted  # (G,) candidate-0 drafts accepted
     at = run.clamp(max=D - 1)[:, None]  # (G, 1)
-    match = leaves.gather(1, at[..., None].expand(G, 1, K1))[:, 0] == draws.gather(1, at)  # (G, K-1)
-    took = (run < D) & (run < width) & match.any(-1)
+    match = leaves.gather(1, at[..., None].expand(G, 1, K1))[:, 0] == chain.token[:, None]  # (G, K-1)
+    took = (run < D) & (run < width) & match.any(-1)  # (at is the run wherever `took` can hold)
     leaf = torch.where(took, at[:, 0] * K1 + match.float().argmax(-1), torch.full_like(run, -1))
     after = leaf_filtered.gather(1, leaf.clamp(min=0)[:, None, None].expand(G, 1, V))[:, 0]  # (G, V)
     noise = gumbel.gather(1, (run + 1).clamp(max=W)[:, None, None].expand(G, 1, V))[:, 0]  # the next position's
-    token = torch.where(took, (after + noise).argmax(-1), draws.gather(1, run[:, None])[:, 0])
+    token = torch.where(took, (after + noise).argmax(-1), chain.token)
     return LeafVerdict(run + took.long(), token, run, leaf)
 
 

@@ -26,7 +26,7 @@ from ...errors import ConfigError
 from ...models.drafter import EagleDrafter
 from ...models.gpt import ForwardStep, ImageTransformer
 from .. import auto_store
-from ..auto_store import weights_digest
+from ..auto_store import image_shape, weights_digest
 from ..batching import BatchRequest, BatchSink, RunTally
 from ..cost_curve import CostCurve, time_call, verify_times
 from ..generate import generate, synchronize
@@ -117,10 +117,6 @@ def _stored_key(model: ImageTransformer, drafter: EagleDrafter, sampling: Sampli
                                 auto_store.device_name(weight.device), str(weight.dtype), image_shape(model),
                                 _auto_key(sampling, spec), batch)
 
-
-def image_shape(model: ImageTransformer) -> tuple[int, int]:
-    """(image tokens, row stride): what a grid view of one model's weights draws (part of every auto key)."""
-    return model.config.num_image_tokens, model.config.row_stride
 
 
 def auto_tree(model: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
