@@ -118,7 +118,6 @@ def _stored_key(model: ImageTransformer, drafter: EagleDrafter, sampling: Sampli
                                 _auto_key(sampling, spec), batch)
 
 
-
 def auto_tree(model: ImageTransformer, drafter: EagleDrafter, condition: Condition, sampling: SamplingConfig,
                spec: SpeculativeConfig, neighbors: torch.Tensor | None, compile: str) -> tuple[TreeSpec, str, str]:
     """The `auto` tree for this batch size (for one image, whatever the batch, where the tree can change a
